@@ -1,0 +1,34 @@
+# Two commands: `make run` and `make test`. Each creates .venv when it is missing.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+DATA   ?= var
+LISTEN ?= 127.0.0.1:8080
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	mkdir -p $(DATA)
+	@echo "better-compute control plane: http://$(LISTEN)  (root token: $(DATA)/root.token)"
+	$(BIN)/better-compute-controlplane serve --db $(DATA)/better-compute.db --listen $(LISTEN) \
+		--root-token-file $(DATA)/root.token
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/api.py
+
+clean:
+	rm -rf $(VENV) $(DATA) .pytest_cache

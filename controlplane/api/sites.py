@@ -1,0 +1,22 @@
+"""Site methods."""
+
+from controlplane.api.method import Method, read
+from controlplane.services import sites
+from shared import schemas as s
+
+METHODS = (
+    Method(
+        "/api/compute/sites/create",
+        s.SitesCreate,
+        s.SiteView,
+        sites.create_site,
+        "Create a site; only root creates shared and dedicated sites.",
+    ),
+    Method(
+        "/api/compute/sites/list",
+        s.SitesList,
+        s.SiteList,
+        read(sites.list_sites),
+        "The tenant's sites.",
+    ),
+)

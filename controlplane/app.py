@@ -1,0 +1,205 @@
+"""make_app(config): typed app state, the middleware, the route table, and lifetimes."""
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from importlib.metadata import version
+
+import msgspec
+import structlog
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from controlplane.api import iam, pools, quotas, sites
+from controlplane.api.method import Method, parse_body
+from controlplane.api.openapi import openapi_document
+from controlplane.config import MAX_BODY_BYTES, Config
+from controlplane.iam.decide import Principal
+from controlplane.services.iam import authenticate, bootstrap
+from controlplane.storage.db import Store
+from controlplane.storage.migrations import MIGRATIONS
+from shared.errors import ApiError, InvalidInput, NotFound, Unauthenticated, error_body
+from shared.ids import new_id
+
+log = structlog.get_logger("controlplane.http")
+JSON = "application/json"
+
+
+@dataclass
+class Metrics:
+    registry: CollectorRegistry
+    requests: Counter
+    latency: Histogram
+
+    @classmethod
+    def create(cls) -> "Metrics":
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            requests=Counter(
+                "bc_http_requests",
+                "HTTP requests by method and status",
+                ["method", "status"],
+                registry=registry,
+            ),
+            latency=Histogram(
+                "bc_http_request_seconds",
+                "HTTP request latency by method",
+                ["method"],
+                registry=registry,
+                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            ),
+        )
+
+
+@dataclass
+class Runtime:
+    """What exists only while the app runs: the database, opened and closed by cleanup_ctx."""
+
+    store: Store | None = None
+
+    @property
+    def db(self) -> Store:
+        assert self.store is not None, "the app is not running"
+        return self.store
+
+
+CONFIG = web.AppKey("config", Config)
+RUNTIME = web.AppKey("runtime", Runtime)
+METRICS = web.AppKey("metrics", Metrics)
+METHODS = web.AppKey("methods", tuple)
+OPENAPI = web.AppKey("openapi", bytes)
+PRINCIPAL = "principal"  # request key: who is calling, for the log line
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(body: object, status: int = 200) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON)
+
+
+def error_response(error: ApiError, request_id: str) -> web.Response:
+    body = error_body(error.code, error.message, error.details, request_id)
+    return json_response(body, status=error.status)
+
+
+@web.middleware
+async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request id on every log line and error body; one log line per request; errors mapped."""
+    request_id = new_id("req")
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    try:
+        try:
+            response = await handler(request)
+        except ApiError as exc:
+            response = error_response(exc, request_id)
+        except web.HTTPNotFound:
+            response = error_response(NotFound("no such method", path=request.path), request_id)
+        except web.HTTPMethodNotAllowed:
+            error = InvalidInput("use POST with a JSON body")
+            response = error_response(error, request_id)
+            response.set_status(405)
+        except Exception:
+            log.exception("unhandled error", path=request.path)
+            response = json_response(
+                error_body("INTERNAL", "internal error", {}, request_id), status=500
+            )
+        elapsed = time.perf_counter() - started
+        response.headers["X-Request-Id"] = request_id
+        principal: Principal | None = request.get(PRINCIPAL)
+        metrics = request.app[METRICS]
+        route = request.path if request.match_info.route.resource else "unmatched"
+        metrics.requests.labels(route, str(response.status)).inc()
+        metrics.latency.labels(route).observe(elapsed)
+        log.info(
+            "request",
+            method=request.method,
+            path=request.path,
+            status=response.status,
+            ms=round(elapsed * 1000, 3),
+            tenant=principal.tenant_id if principal else None,
+            credential=principal.credential_id if principal else None,
+        )
+        return response
+    finally:
+        structlog.contextvars.unbind_contextvars("request_id")
+
+
+def bearer_token(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("send Authorization: Bearer <token>")
+    return token.strip()
+
+
+def method_handler(method: Method) -> Handler:
+    async def handle(request: web.Request) -> web.Response:
+        store = request.app[RUNTIME].db
+        principal = authenticate(store.reader, bearer_token(request))
+        if principal is None:
+            raise Unauthenticated("unknown, revoked or expired credential")
+        request[PRINCIPAL] = principal
+        body = await parse_body(request, method.request)
+        return json_response(await method.invoke(store, principal, body))
+
+    return handle
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Ready when the database answers and every migration is applied."""
+    applied = request.app[RUNTIME].db.reader.execute("PRAGMA user_version").fetchone()[0]
+    ready = applied == len(MIGRATIONS)
+    return json_response(
+        {"status": "ready" if ready else "migrating", "schemaVersion": applied},
+        status=200 if ready else 503,
+    )
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[METRICS].registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI], content_type=JSON)
+
+
+def all_methods(config: Config) -> tuple[Method, ...]:
+    return (*iam.METHODS, *sites.METHODS, *pools.methods(config.attestors), *quotas.METHODS)
+
+
+def make_app(config: Config) -> web.Application:
+    app = web.Application(middlewares=[request_middleware], client_max_size=MAX_BODY_BYTES)
+    methods = all_methods(config)
+    app[CONFIG] = config
+    app[RUNTIME] = Runtime()
+    app[METRICS] = Metrics.create()
+    app[METHODS] = methods
+    app[OPENAPI] = msgspec.json.encode(openapi_document(methods, version("better-compute")))
+    for method in methods:
+        app.router.add_post(method.path, method_handler(method))
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/api/openapi.json", openapi)
+    app.cleanup_ctx.append(_store_lifetime)
+    return app
+
+
+async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
+    config = app[CONFIG]
+    config.db_path.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(config.db_path)
+    if bootstrap(store, config.root_token_file):
+        log.info("bootstrapped tenant root", root_token_file=str(config.root_token_file))
+    app[RUNTIME].store = store
+    yield
+    app[RUNTIME].store = None
+    store.close()

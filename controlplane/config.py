@@ -1,0 +1,23 @@
+"""Frozen settings of one control plane, built from the command line."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+MAX_BODY_BYTES = 1024 * 1024  # request bodies over 1 MiB are refused
+
+
+@dataclass(frozen=True)
+class Config:
+    db_path: Path
+    root_token_file: Path
+    host: str = "127.0.0.1"
+    port: int = 8080
+    reconcile_interval: float = 30.0
+    # P8: the attestors the join service runs; joinAttestors may name only these.
+    attestors: frozenset[str] = field(default_factory=lambda: frozenset({"join-token"}))
+
+    @classmethod
+    def for_db(cls, db_path: Path, **overrides: object) -> "Config":
+        """Settings with the root token file next to the database, as `serve` defaults it."""
+        token_file = overrides.pop("root_token_file", None) or db_path.parent / "root.token"
+        return cls(db_path=db_path, root_token_file=Path(str(token_file)), **overrides)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""IAM: tokens, principals, and the decision function."""

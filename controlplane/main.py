@@ -1,0 +1,88 @@
+"""better-compute-controlplane: the control-plane daemon."""
+
+import asyncio
+import signal
+from pathlib import Path
+
+import click
+import structlog
+from aiohttp import web
+
+from controlplane.app import make_app
+from controlplane.config import Config
+from shared.log import configure_logging
+
+log = structlog.get_logger("controlplane")
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise click.BadParameter("expected HOST:PORT, e.g. 127.0.0.1:8080")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+async def run_server(config: Config) -> None:
+    """Serve until SIGTERM or SIGINT, then stop taking requests and finish the ones in flight."""
+    app = make_app(config)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
+    port = sockets[0].getsockname()[1] if sockets else config.port
+    log.info("serving", url=f"http://{config.host}:{port}", db=str(config.db_path))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()
+    log.info("stopped")
+
+
+@click.group()
+@click.version_option(package_name="better-compute")
+def cli() -> None:
+    """The Better Compute control plane."""
+
+
+@cli.command()
+@click.option(
+    "--db", "db_path", type=click.Path(path_type=Path), required=True, help="SQLite file."
+)
+@click.option(
+    "--listen", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve on."
+)
+@click.option(
+    "--root-token-file",
+    type=click.Path(path_type=Path),
+    help="Where the root token is written on first start (default: root.token next to --db).",
+)
+@click.option(
+    "--reconcile-interval",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="Seconds between capacity reconciler passes.",
+)
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
+def serve(
+    db_path: Path,
+    listen: str,
+    root_token_file: Path | None,
+    reconcile_interval: float,
+    log_format: str,
+) -> None:
+    """Serve the HTTP API on a SQLite database (created and migrated on first start)."""
+    configure_logging(json=None if log_format == "auto" else log_format == "json")
+    host, port = parse_listen(listen)
+    config = Config(
+        db_path=db_path,
+        root_token_file=root_token_file or db_path.parent / "root.token",
+        host=host,
+        port=port,
+        reconcile_interval=reconcile_interval,
+    )
+    asyncio.run(run_server(config))

@@ -1,0 +1,1 @@
+"""The rules of the seeds, one module per noun. Services raise ``shared.errors``."""

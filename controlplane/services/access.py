@@ -1,0 +1,72 @@
+"""Access checks every service shares: acting for a tenant, and seeing or managing a pool."""
+
+from typing import Any
+
+import sqlite_utils
+
+from controlplane.iam.decide import Principal, decide
+from controlplane.storage import iam as iam_sql
+from controlplane.storage import pools as pool_sql
+from shared.errors import NotFound, PermissionDenied
+
+
+def act_for(db: sqlite_utils.Database, principal: Principal, tenant_id: str) -> None:
+    """The credential may act for ``tenant_id`` (its own, or any for root), which must exist."""
+    if not principal.acts_for(tenant_id):
+        raise PermissionDenied("this credential may not act for that tenant", field="tenantId")
+    if principal.tenant_id != tenant_id and iam_sql.get_tenant(db, tenant_id) is None:
+        raise NotFound("tenant not found", field="tenantId")
+
+
+def require(principal: Principal, action: str, resource: str, **attrs: Any) -> None:
+    """A tenant-level decision; a refusal is PERMISSION_DENIED since nothing is hidden."""
+    if not decide(principal, action, resource, attrs or None):
+        raise PermissionDenied(f"{action} is not allowed on {resource}", action=action)
+
+
+def authz_attrs(row: dict[str, Any]) -> dict[str, Any]:
+    """A pool_authz row as the attributes statements' conditions match."""
+    return {
+        "gpuModel": row["gpu_model"],
+        "class": row["class"],
+        "sharing": row["sharing"],
+        "region": row["region"],
+        "owned": bool(row["owned"]),
+    }
+
+
+def pool_not_found() -> NotFound:
+    return NotFound("pool not found", field="poolId")
+
+
+def visible_pool(
+    db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_id: str, action: str
+) -> dict[str, Any]:
+    """The pool as ``tenant_id`` may read it, or NOT_FOUND (L2): never reveal existence."""
+    row = pool_sql.authz_row(db, tenant_id, pool_id)
+    if row is None or not decide(principal, action, "compute-pool", authz_attrs(row)):
+        raise pool_not_found()
+    pool = pool_sql.get_pool(db, pool_id)
+    assert pool is not None
+    return pool
+
+
+def owned_pool(
+    db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_id: str, action: str
+) -> dict[str, Any]:
+    """A pool ``tenant_id`` owns, for an owner-only action: anyone else gets NOT_FOUND (O1, U1, A1).
+
+    An owner whose credential may see the pool but not take the action gets
+    PERMISSION_DENIED: the pool's existence is no secret to it.
+    """
+    row = pool_sql.authz_row(db, tenant_id, pool_id)
+    if row is None or not row["owned"]:
+        raise pool_not_found()
+    attrs = authz_attrs(row)
+    if not decide(principal, action, "compute-pool", attrs):
+        if decide(principal, "compute:pools:read", "compute-pool", attrs):
+            raise PermissionDenied(f"{action} is not allowed on this pool", action=action)
+        raise pool_not_found()
+    pool = pool_sql.get_pool(db, pool_id)
+    assert pool is not None
+    return pool

@@ -1,0 +1,221 @@
+"""IAM: bootstrap, authentication, tenants (with the T1 teardown) and credentials."""
+
+import os
+from pathlib import Path
+
+import msgspec
+import sqlite_utils
+from msgspec import UNSET
+
+from controlplane.iam.decide import ROOT_TENANT, Principal, decide
+from controlplane.iam.tokens import new_token, token_hash
+from controlplane.services.access import act_for
+from controlplane.services.offers import withdraw_offer
+from controlplane.services.pools import archive_in_txn
+from controlplane.storage import events
+from controlplane.storage import iam as iam_sql
+from controlplane.storage import pools as pool_sql
+from controlplane.storage.db import Store, now
+from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, PermissionDenied
+from shared.ids import new_id
+from shared.schemas import (
+    CredentialCreated,
+    CredentialRevoked,
+    CredentialsCreate,
+    CredentialsRevoke,
+    TenantDeleted,
+    TenantsCreate,
+    TenantsDelete,
+    TenantView,
+)
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write a secret file with mode 0600 from the start, replacing any old one atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(temp, 0o600)
+    os.replace(temp, path)
+
+
+def bootstrap(store: Store, token_file: Path) -> bool:
+    """On an empty database create tenant root and its admin credential; True if it did.
+
+    The token file is written before the commit: if the commit fails, the next
+    start finds the database still empty and writes a new token.
+    """
+
+    def txn(db: sqlite_utils.Database) -> bool:
+        if db.execute("SELECT 1 FROM tenants LIMIT 1").fetchone() is not None:
+            return False
+        token = new_token()
+        at = now()
+        iam_sql.insert_tenant(db, ROOT_TENANT, None, "root", at)
+        credential_id = new_id("cred")
+        iam_sql.insert_credential(
+            db, credential_id, ROOT_TENANT, "bootstrap", token_hash(token), None, at
+        )
+        events.append(
+            db,
+            "tenant.created",
+            pool_id=None,
+            data={"tenantId": ROOT_TENANT, "credentialId": credential_id},
+            audience=[ROOT_TENANT],
+        )
+        write_secret(token_file, token)
+        return True
+
+    return store.transact(txn)
+
+
+def authenticate(db: sqlite_utils.Database, token: str) -> Principal | None:
+    """The principal of a live credential of a live tenant, or None."""
+    found = iam_sql.credential_by_hash(db, token_hash(token))
+    if found is None:
+        return None
+    credential_id, tenant_id, statements = found
+    return Principal(
+        credential_id=credential_id,
+        tenant_id=tenant_id,
+        statements=None if statements is None else msgspec.json.decode(statements),
+    )
+
+
+def _require_root(principal: Principal, action: str) -> None:
+    if not principal.is_root or not decide(principal, action, "compute-fleet"):
+        raise PermissionDenied(f"{action} is for the root tenant's credentials", action=action)
+
+
+async def create_tenant(store: Store, principal: Principal, req: TenantsCreate) -> TenantView:
+    _require_root(principal, "iam:tenants:create")
+    parent = None if req.parent_tenant_id is UNSET else req.parent_tenant_id
+    name = None if req.name is UNSET else req.name
+
+    def txn(db: sqlite_utils.Database) -> TenantView:
+        if iam_sql.tenant_id_taken(db, req.tenant_id):
+            raise Conflict("that tenant id is taken", field="tenantId")
+        if parent is not None and iam_sql.get_tenant(db, parent) is None:
+            raise NotFound("parent tenant not found", field="parentTenantId")
+        at = now()
+        iam_sql.insert_tenant(db, req.tenant_id, parent, name, at)
+        events.append(
+            db,
+            "tenant.created",
+            pool_id=None,
+            data={"tenantId": req.tenant_id, "parentTenantId": parent},
+            audience=[ROOT_TENANT, req.tenant_id],
+        )
+        return TenantView(
+            tenant_id=req.tenant_id, parent_tenant_id=parent, name=name, created_at=at
+        )
+
+    return await store.write(txn)
+
+
+async def delete_tenant(store: Store, principal: Principal, req: TenantsDelete) -> TenantDeleted:
+    """T1: archive its pools, withdraw offers made to it, revoke its credentials."""
+    _require_root(principal, "iam:tenants:delete")
+    if req.tenant_id == ROOT_TENANT:
+        raise InvalidInput("the root tenant cannot be deleted", field="tenantId")
+
+    def txn(db: sqlite_utils.Database) -> TenantDeleted:
+        if iam_sql.get_tenant(db, req.tenant_id) is None:
+            raise NotFound("tenant not found", field="tenantId")
+        children = iam_sql.live_children(db, req.tenant_id)
+        if children:
+            raise InvalidState(
+                "delete the tenant's child tenants first", field="tenantId", children=children
+            )
+        archived = []
+        for pool in pool_sql.pools_owned_by(db, req.tenant_id):
+            if pool["archived_at"] is None:
+                archive_in_txn(db, pool, reason="tenant deleted")
+                archived.append(pool["id"])
+        withdrawn = []
+        for offer in pool_sql.offers_to(db, req.tenant_id):
+            pool = pool_sql.get_pool(db, offer["pool_id"])
+            assert pool is not None
+            withdraw_offer(db, pool, req.tenant_id)
+            withdrawn.append(offer["pool_id"])
+        at = now()
+        revoked = iam_sql.revoke_all(db, req.tenant_id, at)
+        iam_sql.mark_tenant_deleted(db, req.tenant_id, at)
+        events.append(
+            db,
+            "tenant.deleted",
+            pool_id=None,
+            data={
+                "tenantId": req.tenant_id,
+                "archivedPools": archived,
+                "withdrawnOffers": withdrawn,
+            },
+            audience=[ROOT_TENANT],
+        )
+        return TenantDeleted(
+            tenant_id=req.tenant_id,
+            archived_pools=archived,
+            withdrawn_offers=withdrawn,
+            revoked_credentials=revoked,
+        )
+
+    return await store.write(txn)
+
+
+def _require_admin(principal: Principal) -> None:
+    """Only an admin credential manages credentials, so a limited one cannot mint a wider one."""
+    if not principal.is_admin:
+        raise PermissionDenied("only an admin credential (no statements) manages credentials")
+
+
+async def create_credential(
+    store: Store, principal: Principal, req: CredentialsCreate
+) -> CredentialCreated:
+    _require_admin(principal)
+    statements = None if req.statements is UNSET else msgspec.json.encode(req.statements).decode()
+    token = new_token()
+
+    def txn(db: sqlite_utils.Database) -> CredentialCreated:
+        act_for(db, principal, req.tenant_id)
+        credential_id = new_id("cred")
+        name = None if req.name is UNSET else req.name
+        iam_sql.insert_credential(
+            db, credential_id, req.tenant_id, name, token_hash(token), statements, now()
+        )
+        events.append(
+            db,
+            "credential.created",
+            pool_id=None,
+            data={"credentialId": credential_id, "name": name, "admin": statements is None},
+            audience=[req.tenant_id],
+        )
+        return CredentialCreated(credential_id=credential_id, tenant_id=req.tenant_id, token=token)
+
+    return await store.write(txn)
+
+
+async def revoke_credential(
+    store: Store, principal: Principal, req: CredentialsRevoke
+) -> CredentialRevoked:
+    _require_admin(principal)
+
+    def txn(db: sqlite_utils.Database) -> CredentialRevoked:
+        act_for(db, principal, req.tenant_id)
+        if not iam_sql.credential_exists(db, req.tenant_id, req.credential_id):
+            raise NotFound("credential not found", field="credentialId")
+        revoked = iam_sql.revoke_credential(db, req.tenant_id, req.credential_id, now()) > 0
+        if revoked:
+            events.append(
+                db,
+                "credential.revoked",
+                pool_id=None,
+                data={"credentialId": req.credential_id},
+                audience=[req.tenant_id],
+            )
+        return CredentialRevoked(credential_id=req.credential_id, revoked=revoked)
+
+    return await store.write(txn)

@@ -1,0 +1,163 @@
+"""Offers and quotas: pools.offer, pools.unoffer, quotas.set, quotas.list (O1–O6, E1)."""
+
+import msgspec
+import sqlite_utils
+from msgspec import UNSET
+
+from controlplane.iam.decide import Principal
+from controlplane.services.access import act_for, owned_pool, require
+from controlplane.services.views import pool_view, quota_row
+from controlplane.storage import events
+from controlplane.storage import iam as iam_sql
+from controlplane.storage import pools as pool_sql
+from controlplane.storage import sites as site_sql
+from controlplane.storage.db import Store, now
+from shared.errors import InvalidInput, InvalidState, NotFound
+from shared.schemas import (
+    PoolsOffer,
+    PoolsUnoffer,
+    PoolView,
+    QuotaList,
+    QuotasList,
+    QuotasSet,
+    Unoffered,
+)
+
+SINGLE_TENANT_SHARING = ("timeslice", "mps")  # S1: no isolation between slots
+
+
+def _check_offer_rules(
+    db: sqlite_utils.Database, pool: dict[str, object], policy: dict[str, object], req: PoolsOffer
+) -> None:
+    """O4: what may not be offered to a tenant other than the owner."""
+    if pool["sharing"] in SINGLE_TENANT_SHARING:
+        raise InvalidState(
+            f"a {pool['sharing']} pool is single-tenant: it can be offered only to its owner",
+            field="toTenantId",
+        )
+    if pool_sql.tenant_owned_nodes(db, req.pool_id):
+        raise InvalidState(
+            "a pool holding tenant-owned nodes can be offered only to its owner",
+            field="toTenantId",
+        )
+    if policy.get("singleTenant") is True:
+        if req.include_descendants:
+            raise InvalidState(
+                "a singleTenant pool cannot be offered with includeDescendants",
+                field="includeDescendants",
+            )
+        others = [
+            o for o in pool_sql.offers_of(db, req.pool_id) if o["to_tenant_id"] != req.to_tenant_id
+        ]
+        if others:
+            raise InvalidState(
+                "a singleTenant pool is already offered to another tenant", field="toTenantId"
+            )
+
+
+async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> PoolView:
+    def txn(db: sqlite_utils.Database) -> PoolView:
+        act_for(db, principal, req.tenant_id)
+        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
+        if pool["archived_at"] is not None:
+            raise InvalidState("the pool is archived")
+        at = now()
+        target = req.to_tenant_id
+        if target != pool["owner_tenant_id"]:
+            if iam_sql.get_tenant(db, target) is None:
+                raise NotFound("tenant not found", field="toTenantId")
+            _check_offer_rules(db, pool, msgspec.json.decode(pool["policy"]), req)
+            site = site_sql.get_site(db, pool["site_id"])
+            assert site is not None
+            pool_sql.put_offer(db, pool["id"], target, req.include_descendants, req.priority, at)
+            pool_sql.put_authz(db, target, pool, site["region"])  # O5
+        for resource, maximum in req.quota.items():
+            pool_sql.set_quota(db, pool["id"], target, resource, maximum, at)  # O2
+        events.append(
+            db,
+            "pool.offered",
+            pool_id=pool["id"],
+            data={
+                "toTenantId": target,
+                "quota": dict(req.quota),
+                "includeDescendants": req.include_descendants,
+                "priority": req.priority,
+            },
+            audience=[pool["owner_tenant_id"], target],
+        )
+        return pool_view(db, pool, target)
+
+    return await store.write(txn)
+
+
+def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: str) -> bool:
+    """O6: remove the offer, drop quotas to what is in use, remove the authz row, emit the event."""
+    pool_id = str(pool["id"])
+    if not pool_sql.delete_offer(db, pool_id, tenant):
+        return False
+    pool_sql.drop_quotas_to_used(db, pool_id, tenant, now())
+    pool_sql.delete_authz(db, tenant, pool_id)
+    events.append(
+        db,
+        "pool.unoffered",
+        pool_id=pool_id,
+        data={"toTenantId": tenant},
+        audience=[str(pool["owner_tenant_id"]), tenant],
+    )
+    return True
+
+
+async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) -> Unoffered:
+    def txn(db: sqlite_utils.Database) -> Unoffered:
+        act_for(db, principal, req.tenant_id)
+        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
+        if req.to_tenant_id == pool["owner_tenant_id"]:
+            raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
+        return Unoffered(removed=withdraw_offer(db, pool, req.to_tenant_id))
+
+    return await store.write(txn)
+
+
+async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> QuotaList:
+    """The owner sets a tenant's quota rows; quota.updated when a row changes (E1)."""
+
+    def txn(db: sqlite_utils.Database) -> QuotaList:
+        act_for(db, principal, req.tenant_id)
+        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage")
+        if pool["archived_at"] is not None:
+            raise InvalidState("the pool is archived")
+        target = req.for_tenant_id
+        offered = {o["to_tenant_id"] for o in pool_sql.offers_of(db, pool["id"])}
+        if target != pool["owner_tenant_id"] and target not in offered:
+            raise InvalidState("the pool is not offered to that tenant", field="forTenantId")
+        at = now()
+        changed = {
+            resource: maximum
+            for resource, maximum in req.quota.items()
+            if pool_sql.set_quota(db, pool["id"], target, resource, maximum, at)
+        }
+        if changed:
+            events.append(
+                db,
+                "quota.updated",
+                pool_id=pool["id"],
+                data={"forTenantId": target, "quota": changed},
+                audience=[pool["owner_tenant_id"], target],
+            )
+        rows = pool_sql.quota_rows(db, target, [pool["id"]])
+        return QuotaList(items=[quota_row(r) for r in rows])
+
+    return await store.write(txn)
+
+
+def list_quotas(db: sqlite_utils.Database, principal: Principal, req: QuotasList) -> QuotaList:
+    """The caller tenant's own rows, on pools it can still see."""
+    act_for(db, principal, req.tenant_id)
+    require(principal, "compute:quotas:read", "compute-tenant")
+    visible = {p["id"] for p in pool_sql.visible_pools(db, req.tenant_id)}
+    if req.pool_id is not UNSET:
+        if req.pool_id not in visible:
+            raise NotFound("pool not found", field="poolId")
+        visible = {req.pool_id}
+    rows = pool_sql.quota_rows(db, req.tenant_id, visible)
+    return QuotaList(items=[quota_row(r) for r in rows])

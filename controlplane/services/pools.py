@@ -1,0 +1,322 @@
+"""Pools: create, get, list, capacity, update, archive (P1–P9, L1–L3, U1–U3, A1–A2, E1).
+
+Every mutation runs as one function inside the writer's transaction: the
+checks, the rows, the version and the event commit together or not at all.
+"""
+
+from typing import Any
+
+import msgspec
+import sqlite_utils
+from msgspec import UNSET
+
+from controlplane.iam.decide import Principal, decide
+from controlplane.services.access import act_for, authz_attrs, owned_pool, visible_pool
+from controlplane.services.views import pool_view
+from controlplane.storage import events
+from controlplane.storage import pools as pool_sql
+from controlplane.storage import sites as site_sql
+from controlplane.storage.db import Store, now
+from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, PermissionDenied
+from shared.ids import derived_id, new_id
+from shared.policy import POOL_POLICY_VALIDATORS, validate_policy
+from shared.schemas import (
+    CapacityList,
+    CapacityRow,
+    PoolList,
+    PoolsArchive,
+    PoolsCapacity,
+    PoolsCreate,
+    PoolsGet,
+    PoolsList,
+    PoolsUpdate,
+    PoolView,
+)
+
+UNLIMITED_GPUS = {"gpu": 2147483647}  # P3: the owner's default quota
+IDEMPOTENT_FIELDS = ("site_id", "class", "sharing", "agent", "provider_account_id")
+
+
+def check_policy(
+    policy: dict[str, Any],
+    *,
+    pool_class: str,
+    sharing: str,
+    gpu_model: str | None,
+    site_kind: str,
+    attestors: frozenset[str],
+) -> None:
+    """Every module's pool-policy validator (P6); INVALID_INPUT reading ``policy: ...``."""
+    validate_policy(
+        policy,
+        POOL_POLICY_VALIDATORS,
+        pool_class=pool_class,
+        sharing=sharing,
+        gpu_model=gpu_model,
+        site_kind=site_kind,
+        attestors=attestors,
+    )
+
+
+def _may_create(principal: Principal) -> bool:
+    """compute:pools:create @ compute-tenant, or @ compute-fleet for root (P2)."""
+    if decide(principal, "compute:pools:create", "compute-tenant"):
+        return True
+    return principal.is_root and decide(principal, "compute:pools:create", "compute-fleet")
+
+
+def _creation_fields(req: PoolsCreate) -> dict[str, Any]:
+    """P1, P5: the defaults and the provider-class rules, before anything is read."""
+    agent = req.agent
+    if req.pool_class == "provider":
+        if req.provider_account_id is UNSET:
+            raise InvalidInput("a provider pool needs providerAccountId", field="providerAccountId")
+        if agent is UNSET:
+            agent = "none"
+        if agent != "none":
+            raise InvalidInput("a provider pool needs agent: none", field="agent")
+    elif req.provider_account_id is not UNSET:
+        raise InvalidInput("only provider pools take providerAccountId", field="providerAccountId")
+    return {
+        "site_id": req.site_id,
+        "class": req.pool_class,
+        "sharing": req.sharing,
+        "agent": "bcd" if agent is UNSET else agent,
+        "provider_account_id": None
+        if req.provider_account_id is UNSET
+        else req.provider_account_id,
+    }
+
+
+async def create_pool(
+    store: Store, principal: Principal, req: PoolsCreate, attestors: frozenset[str]
+) -> PoolView:
+    fields = _creation_fields(req)
+    policy = {} if req.policy is UNSET else req.policy
+    owner_quota = UNLIMITED_GPUS if req.owner_quota is UNSET else req.owner_quota
+    gpu_model = None if req.gpu_model is UNSET else req.gpu_model
+
+    def txn(db: sqlite_utils.Database) -> PoolView:
+        act_for(db, principal, req.tenant_id)
+        if req.idempotency_key is UNSET:
+            pool_id = new_id("pool")
+        else:
+            # P4: the id is derived, and a retry returns the stored pool without a second decision.
+            pool_id = derived_id("pool", req.tenant_id, principal.tenant_id, req.idempotency_key)
+            stored = pool_sql.get_pool(db, pool_id)
+            if stored is not None:
+                for name in IDEMPOTENT_FIELDS:
+                    if stored[name] != fields[name]:
+                        raise Conflict(
+                            "idempotencyKey was used with different parameters",
+                            field="idempotencyKey",
+                            differs=name,
+                        )
+                return pool_view(db, stored, req.tenant_id)
+        if not _may_create(principal):
+            raise PermissionDenied("compute:pools:create is not allowed on this tenant")
+        site = site_sql.get_site(db, req.site_id)
+        if site is None or site["owner_tenant_id"] != req.tenant_id:
+            raise NotFound("site not found", field="siteId")
+        check_policy(
+            policy,
+            pool_class=fields["class"],
+            sharing=fields["sharing"],
+            gpu_model=gpu_model,
+            site_kind=site["kind"],
+            attestors=attestors,
+        )
+        at = now()
+        row = {
+            **fields,
+            "id": pool_id,
+            "owner_tenant_id": req.tenant_id,
+            "gpu_model": gpu_model,
+            "policy": msgspec.json.encode(policy).decode(),
+            "created_at": at,
+        }
+        pool_sql.insert_pool(db, row)
+        for resource, maximum in owner_quota.items():
+            pool_sql.set_quota(db, pool_id, req.tenant_id, resource, maximum, at)
+        pool = pool_sql.get_pool(db, pool_id)
+        assert pool is not None
+        pool_sql.put_authz(db, req.tenant_id, pool, site["region"])
+        events.append(
+            db,
+            "pool.created",
+            pool_id=pool_id,
+            data={
+                "ownerTenantId": req.tenant_id,
+                "siteId": req.site_id,
+                "class": fields["class"],
+                "gpuModel": gpu_model,
+                "sharing": fields["sharing"],
+                "agent": fields["agent"],
+                "version": 1,
+            },
+            audience=[req.tenant_id],
+        )
+        return pool_view(db, pool, req.tenant_id)
+
+    return await store.write(txn)
+
+
+def get_pool(db: sqlite_utils.Database, principal: Principal, req: PoolsGet) -> PoolView:
+    act_for(db, principal, req.tenant_id)
+    pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:read")
+    return pool_view(db, pool, req.tenant_id)
+
+
+def list_pools(db: sqlite_utils.Database, principal: Principal, req: PoolsList) -> PoolList:
+    """L1: owned or offered pools, each decided as compute:pools:read on the pool."""
+    act_for(db, principal, req.tenant_id)
+    if not decide(principal, "compute:pools:read", "compute-tenant"):
+        raise PermissionDenied("compute:pools:read is not allowed on this tenant")
+    pools = [
+        pool
+        for pool in pool_sql.visible_pools(db, req.tenant_id)
+        if decide(
+            principal,
+            "compute:pools:read",
+            "compute-pool",
+            authz_attrs(
+                {
+                    **pool,
+                    "region": pool["authz_region"],
+                    "owned": pool["owner_tenant_id"] == req.tenant_id,
+                }
+            ),
+        )
+    ]
+    quotas: dict[str, list[dict[str, Any]]] = {pool["id"]: [] for pool in pools}
+    for row in pool_sql.quota_rows(db, req.tenant_id, quotas):
+        quotas[row["pool_id"]].append(row)
+    return PoolList(items=[pool_view(db, p, req.tenant_id, quotas[p["id"]]) for p in pools])
+
+
+def pool_capacity(
+    db: sqlite_utils.Database, principal: Principal, req: PoolsCapacity
+) -> CapacityList:
+    """L3: one rollup row per resource; the same answer as capacity/byPool."""
+    act_for(db, principal, req.tenant_id)
+    pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
+    return CapacityList(
+        items=[
+            CapacityRow(
+                pool_id=pool["id"],
+                resource=row["resource"],
+                total=row["total"],
+                allocated=row["allocated"],
+                available=max(0, row["total"] - row["allocated"]),
+            )
+            for row in pool_sql.capacity_rollup(db, pool["id"])
+        ]
+    )
+
+
+def _refresh_authz(db: sqlite_utils.Database, pool: dict[str, Any], region: str) -> list[str]:
+    """Rewrite the authz rows of the owner and every offered tenant; returns those tenants."""
+    tenants = [pool["owner_tenant_id"]] + [
+        offer["to_tenant_id"] for offer in pool_sql.offers_of(db, pool["id"])
+    ]
+    for tenant in tenants:
+        pool_sql.put_authz(db, tenant, pool, region)
+    return tenants
+
+
+async def update_pool(
+    store: Store, principal: Principal, req: PoolsUpdate, attestors: frozenset[str]
+) -> PoolView:
+    if req.policy is UNSET and req.gpu_model is UNSET:
+        raise InvalidInput("give policy, gpuModel or both", field="policy")
+
+    def txn(db: sqlite_utils.Database) -> PoolView:
+        act_for(db, principal, req.tenant_id)
+        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
+        if pool["archived_at"] is not None:
+            raise InvalidState("the pool is archived")
+        old_policy = msgspec.json.decode(pool["policy"])
+        policy = old_policy if req.policy is UNSET else req.policy
+        gpu_model = pool["gpu_model"] if req.gpu_model is UNSET else req.gpu_model
+        site = site_sql.get_site(db, pool["site_id"])
+        assert site is not None
+        check_policy(
+            policy,
+            pool_class=pool["class"],
+            sharing=pool["sharing"],
+            gpu_model=gpu_model,
+            site_kind=site["kind"],
+            attestors=attestors,
+        )
+        if policy.get("singleTenant") is True and old_policy.get("singleTenant") is not True:
+            offers = pool_sql.offers_of(db, pool["id"])
+            if len(offers) > 1 or any(o["include_descendants"] for o in offers):
+                raise InvalidState(
+                    "singleTenant needs at most one offered tenant and no includeDescendants",
+                    field="policy.singleTenant",
+                )
+        at = now()
+        pool_sql.update_pool(db, pool["id"], gpu_model, msgspec.json.encode(policy).decode(), at)
+        updated = pool_sql.get_pool(db, pool["id"])
+        assert updated is not None
+        audience = _refresh_authz(db, updated, site["region"])
+        changed = [
+            name
+            for name, given in (("policy", req.policy), ("gpuModel", req.gpu_model))
+            if given is not UNSET
+        ]
+        events.append(
+            db,
+            "pool.updated",
+            pool_id=pool["id"],
+            data={"version": updated["version"], "changed": changed, "gpuModel": gpu_model},
+            audience=audience,
+        )
+        return pool_view(db, updated, req.tenant_id)
+
+    return await store.write(txn)
+
+
+def archive_in_txn(
+    db: sqlite_utils.Database, pool: dict[str, Any], *, reason: str | None = None
+) -> list[str]:
+    """A1: remove every offer, drop offered quotas, remove their authz rows, emit pool.archived.
+
+    A tenant deletion (T1) zeroes the offered quotas instead of dropping them to what is in use.
+    """
+    at = now()
+    unoffered = []
+    for offer in pool_sql.offers_of(db, pool["id"]):
+        tenant = offer["to_tenant_id"]
+        pool_sql.delete_offer(db, pool["id"], tenant)
+        if reason is None:
+            pool_sql.drop_quotas_to_used(db, pool["id"], tenant, at)
+        else:
+            pool_sql.zero_quotas(db, pool["id"], tenant, at)
+        pool_sql.delete_authz(db, tenant, pool["id"])
+        unoffered.append(tenant)
+    pool_sql.archive_pool(db, pool["id"], at)
+    data: dict[str, Any] = {"unofferedTenants": unoffered}
+    if reason is not None:
+        data["reason"] = reason
+    events.append(
+        db,
+        "pool.archived",
+        pool_id=pool["id"],
+        data=data,
+        audience=[pool["owner_tenant_id"], *unoffered],
+    )
+    return unoffered
+
+
+async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) -> PoolView:
+    def txn(db: sqlite_utils.Database) -> PoolView:
+        act_for(db, principal, req.tenant_id)
+        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
+        if pool["archived_at"] is None:  # A2: archiving again returns it unchanged
+            archive_in_txn(db, pool)
+            pool = pool_sql.get_pool(db, pool["id"])
+            assert pool is not None
+        return pool_view(db, pool, req.tenant_id)
+
+    return await store.write(txn)

@@ -1,0 +1,61 @@
+"""Sites: only root creates shared and dedicated sites; any tenant may create its own custom one."""
+
+import sqlite_utils
+
+from controlplane.iam.decide import ROOT_TENANT, Principal
+from controlplane.services.access import act_for, require
+from controlplane.storage import events
+from controlplane.storage import sites as site_sql
+from controlplane.storage.db import Store, now
+from shared.errors import Conflict, PermissionDenied
+from shared.ids import new_id
+from shared.schemas import SiteList, SitesCreate, SitesList, SiteView
+
+PLATFORM_KINDS = ("shared", "dedicated")
+
+
+def site_view(row: dict[str, str]) -> SiteView:
+    return SiteView(
+        id=row["id"],
+        owner_tenant_id=row["owner_tenant_id"],
+        name=row["name"],
+        region=row["region"],
+        kind=row["kind"],
+        created_at=row["created_at"],
+    )
+
+
+async def create_site(store: Store, principal: Principal, req: SitesCreate) -> SiteView:
+    if req.kind in PLATFORM_KINDS and req.tenant_id != ROOT_TENANT:
+        raise PermissionDenied(f"only the root tenant creates {req.kind} sites", field="kind")
+
+    def txn(db: sqlite_utils.Database) -> SiteView:
+        act_for(db, principal, req.tenant_id)
+        require(principal, "compute:sites:create", "compute-tenant")
+        if site_sql.site_name_taken(db, req.tenant_id, req.name):
+            raise Conflict("the tenant already has a site with that name", field="name")
+        row = {
+            "id": new_id("site"),
+            "owner_tenant_id": req.tenant_id,
+            "name": req.name,
+            "region": req.region,
+            "kind": req.kind,
+            "created_at": now(),
+        }
+        site_sql.insert_site(db, row)
+        events.append(
+            db,
+            "site.created",
+            pool_id=None,
+            data={"siteId": row["id"], "kind": req.kind, "region": req.region},
+            audience=[req.tenant_id],
+        )
+        return site_view(row)
+
+    return await store.write(txn)
+
+
+def list_sites(db: sqlite_utils.Database, principal: Principal, req: SitesList) -> SiteList:
+    act_for(db, principal, req.tenant_id)
+    require(principal, "compute:sites:read", "compute-tenant")
+    return SiteList(items=[site_view(row) for row in site_sql.list_sites(db, req.tenant_id)])

@@ -1,0 +1,70 @@
+"""Building answers from rows: a pool as one tenant sees it, quota rows, offers."""
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+import sqlite_utils
+
+from controlplane.storage import pools as pool_sql
+from shared.schemas import OfferView, PoolView, QuotaRow
+
+
+def quota_row(row: dict[str, Any]) -> QuotaRow:
+    return QuotaRow(
+        tenant_id=row["tenant_id"],
+        pool_id=row["pool_id"],
+        resource=row["resource"],
+        max=row["max"],
+        used=row["used"],
+        available=max(0, row["max"] - row["used"]),
+    )
+
+
+def offers_view(db: sqlite_utils.Database, pool_id: str) -> list[OfferView]:
+    offers = pool_sql.offers_of(db, pool_id)
+    quotas: dict[str, dict[str, int]] = {}
+    for row in pool_sql.pool_quota_rows(db, pool_id):
+        quotas.setdefault(row["tenant_id"], {})[row["resource"]] = row["max"]
+    return [
+        OfferView(
+            to_tenant_id=offer["to_tenant_id"],
+            quota=quotas.get(offer["to_tenant_id"], {}),
+            include_descendants=bool(offer["include_descendants"]),
+            priority=offer["priority"],
+        )
+        for offer in offers
+    ]
+
+
+def pool_view(
+    db: sqlite_utils.Database,
+    pool: dict[str, Any],
+    tenant_id: str,
+    quotas: Iterable[dict[str, Any]] | None = None,
+) -> PoolView:
+    """The pool as ``tenant_id`` sees it (seed 000); the owner also sees its offers."""
+    owned = pool["owner_tenant_id"] == tenant_id
+    if quotas is None:
+        quotas = pool_sql.quota_rows(db, tenant_id, [pool["id"]])
+    view = PoolView(
+        id=pool["id"],
+        owner_tenant_id=pool["owner_tenant_id"],
+        site_id=pool["site_id"],
+        pool_class=pool["class"],
+        gpu_model=pool["gpu_model"],
+        sharing=pool["sharing"],
+        agent=pool["agent"],
+        policy=msgspec.json.decode(pool["policy"]),
+        version=pool["version"],
+        owned=owned,
+        archived=pool["archived_at"] is not None,
+        quotas=[quota_row(q) for q in quotas],
+        created_at=pool["created_at"],
+        updated_at=pool["updated_at"],
+    )
+    if owned:
+        view.offers = offers_view(db, pool["id"])
+        if pool["provider_account_id"] is not None:
+            view.provider_account_id = pool["provider_account_id"]
+    return view

@@ -1,0 +1,1 @@
+"""SQLite storage: the connection, migrations, and SQL, one module per table group."""

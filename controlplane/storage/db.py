@@ -1,0 +1,68 @@
+"""The SQLite database: WAL, foreign keys, one writer thread, reads on the caller's thread.
+
+Every mutation is a plain synchronous function ``fn(db)`` run by the single
+writer inside ``BEGIN IMMEDIATE`` and committed as a whole, events included;
+nothing awaits inside a transaction. Reads use a second connection, which WAL
+lets run beside the writer.
+"""
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TypeVar
+
+import sqlite_utils
+
+from controlplane.storage.migrations import migrate
+
+T = TypeVar("T")
+
+
+def now() -> str:
+    """The current time as the API shows it: ISO 8601, UTC, milliseconds."""
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def connect(path: Path) -> sqlite_utils.Database:
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    conn.execute("PRAGMA busy_timeout = 5000")
+    return sqlite_utils.Database(conn)
+
+
+class Store:
+    """The database of one control plane: a writer and a reader on one file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._writer_db = connect(path)
+        migrate(self._writer_db)
+        self.reader = connect(path)
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+
+    def transact(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
+        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction on the calling thread."""
+        db = self._writer_db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(db)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+        return result
+
+    async def write(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
+        """Run the mutation ``fn`` on the writer thread, in one transaction."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._writer, self.transact, fn)
+
+    def close(self) -> None:
+        self._writer.shutdown(wait=True)
+        self._writer_db.conn.close()
+        self.reader.conn.close()

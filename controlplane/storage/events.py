@@ -1,0 +1,62 @@
+"""The event log: appended in the writer's transaction, with a gapless ``seq`` (E1)."""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import msgspec
+import sqlite_utils
+
+from controlplane.storage.db import now
+from shared.ids import new_id
+
+
+def append(
+    db: sqlite_utils.Database,
+    event_type: str,
+    *,
+    pool_id: str | None,
+    data: dict[str, Any],
+    audience: Iterable[str],
+) -> int:
+    """Append one event, visible to the ``audience`` tenants; returns its seq.
+
+    ``seq`` is the rowid without AUTOINCREMENT, so it is max+1 inside the
+    writer's transaction: a rolled-back change leaves no gap.
+    """
+    cursor = db.execute(
+        "INSERT INTO events (id, type, at, pool_id, data) VALUES (?, ?, ?, ?, ?)",
+        [new_id("evt"), event_type, now(), pool_id, msgspec.json.encode(data).decode()],
+    )
+    seq = cursor.lastrowid
+    assert seq is not None
+    db.conn.executemany(
+        "INSERT OR IGNORE INTO event_audience (tenant_id, seq) VALUES (?, ?)",
+        [(tenant, seq) for tenant in set(audience)],
+    )
+    return seq
+
+
+def list_events(
+    db: sqlite_utils.Database,
+    *,
+    tenant_id: str | None,
+    after: int,
+    limit: int,
+    types: Sequence[str] | None,
+) -> list[dict[str, Any]]:
+    """Events after ``after`` in seq order; ``tenant_id=None`` is the fleet's view (all of them)."""
+    where = ["e.seq > ?"]
+    params: list[Any] = [after]
+    join = ""
+    if tenant_id is not None:
+        join = "JOIN event_audience a ON a.seq = e.seq AND a.tenant_id = ?"
+        params.insert(0, tenant_id)
+    if types:
+        where.append(f"e.type IN ({', '.join('?' * len(types))})")
+        params.extend(types)
+    params.append(limit)
+    sql = (
+        f"SELECT e.seq, e.id, e.type, e.at, e.pool_id, e.data FROM events e {join} "
+        f"WHERE {' AND '.join(where)} ORDER BY e.seq LIMIT ?"
+    )
+    return list(db.query(sql, params))

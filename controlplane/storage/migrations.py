@@ -1,0 +1,123 @@
+"""Numbered migrations, applied in order at start; ``PRAGMA user_version`` is the last applied."""
+
+import sqlite_utils
+
+MIGRATIONS: tuple[str, ...] = (
+    # 1: tenants, credentials, sites, pools, offers, quotas, authz projection, nodes, events.
+    """
+    CREATE TABLE tenants (
+        id TEXT PRIMARY KEY,
+        parent_id TEXT REFERENCES tenants(id),
+        name TEXT,
+        created_at TEXT NOT NULL,
+        deleted_at TEXT
+    );
+    CREATE TABLE credentials (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        name TEXT,
+        token_hash BLOB NOT NULL UNIQUE,
+        statements TEXT,
+        created_at TEXT NOT NULL,
+        revoked_at TEXT
+    );
+    CREATE INDEX credentials_tenant ON credentials(tenant_id);
+    CREATE TABLE sites (
+        id TEXT PRIMARY KEY,
+        owner_tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        name TEXT NOT NULL,
+        region TEXT NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('shared', 'dedicated', 'custom')),
+        created_at TEXT NOT NULL,
+        UNIQUE (owner_tenant_id, name)
+    );
+    CREATE TABLE pools (
+        id TEXT PRIMARY KEY,
+        owner_tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        site_id TEXT NOT NULL REFERENCES sites(id),
+        class TEXT NOT NULL,
+        gpu_model TEXT,
+        sharing TEXT NOT NULL,
+        agent TEXT NOT NULL,
+        policy TEXT NOT NULL,
+        provider_account_id TEXT,
+        version INTEGER NOT NULL,
+        archived_at TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE INDEX pools_owner ON pools(owner_tenant_id);
+    CREATE TABLE pool_offers (
+        pool_id TEXT NOT NULL REFERENCES pools(id),
+        to_tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        include_descendants INTEGER NOT NULL,
+        priority INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (pool_id, to_tenant_id)
+    ) WITHOUT ROWID;
+    CREATE INDEX pool_offers_tenant ON pool_offers(to_tenant_id);
+    CREATE TABLE quotas (
+        pool_id TEXT NOT NULL REFERENCES pools(id),
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        resource TEXT NOT NULL,
+        max INTEGER NOT NULL CHECK (max >= 0),
+        used INTEGER NOT NULL DEFAULT 0 CHECK (used >= 0),
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (pool_id, tenant_id, resource)
+    ) WITHOUT ROWID;
+    CREATE INDEX quotas_tenant ON quotas(tenant_id, pool_id);
+    CREATE TABLE pool_authz (
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        pool_id TEXT NOT NULL REFERENCES pools(id),
+        gpu_model TEXT,
+        class TEXT NOT NULL,
+        sharing TEXT NOT NULL,
+        region TEXT NOT NULL,
+        owned INTEGER NOT NULL,
+        PRIMARY KEY (tenant_id, pool_id)
+    ) WITHOUT ROWID;
+    CREATE TABLE nodes (
+        id TEXT PRIMARY KEY,
+        pool_id TEXT NOT NULL REFERENCES pools(id),
+        hostname TEXT NOT NULL,
+        tenant_owned INTEGER NOT NULL DEFAULT 0,
+        state TEXT NOT NULL,
+        created_at TEXT NOT NULL
+    );
+    CREATE INDEX nodes_pool ON nodes(pool_id);
+    CREATE TABLE node_resources (
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        resource TEXT NOT NULL,
+        capacity INTEGER NOT NULL CHECK (capacity >= 0),
+        allocated INTEGER NOT NULL DEFAULT 0 CHECK (allocated >= 0),
+        ratio REAL NOT NULL DEFAULT 1,
+        PRIMARY KEY (node_id, resource)
+    ) WITHOUT ROWID;
+    CREATE TABLE events (
+        seq INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        type TEXT NOT NULL,
+        at TEXT NOT NULL,
+        pool_id TEXT,
+        data TEXT NOT NULL
+    );
+    CREATE TABLE event_audience (
+        tenant_id TEXT NOT NULL,
+        seq INTEGER NOT NULL REFERENCES events(seq),
+        PRIMARY KEY (tenant_id, seq)
+    ) WITHOUT ROWID;
+    """,
+)
+
+
+def migrate(db: sqlite_utils.Database) -> int:
+    """Apply every migration newer than the database, each in its own transaction."""
+    current = db.execute("PRAGMA user_version").fetchone()[0]
+    for number, script in enumerate(MIGRATIONS, start=1):
+        if number <= current:
+            continue
+        db.conn.executescript(
+            f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;"
+        )
+    return len(MIGRATIONS)

@@ -1,0 +1,213 @@
+"""SQL for pools, their offers, quota rows, and the IAM authz projection."""
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import sqlite_utils
+
+
+def get_pool(db: sqlite_utils.Database, pool_id: str) -> dict[str, Any] | None:
+    return next(db.query("SELECT * FROM pools WHERE id = ?", [pool_id]), None)
+
+
+def insert_pool(db: sqlite_utils.Database, row: Mapping[str, Any]) -> None:
+    db.execute(
+        "INSERT INTO pools (id, owner_tenant_id, site_id, class, gpu_model, sharing, agent, policy, "
+        "provider_account_id, version, created_at, updated_at) VALUES (:id, :owner_tenant_id, "
+        ":site_id, :class, :gpu_model, :sharing, :agent, :policy, :provider_account_id, 1, "
+        ":created_at, :created_at)",
+        dict(row),
+    )
+
+
+def update_pool(
+    db: sqlite_utils.Database, pool_id: str, gpu_model: str | None, policy: str, at: str
+) -> None:
+    db.execute(
+        "UPDATE pools SET gpu_model = ?, policy = ?, version = version + 1, updated_at = ? "
+        "WHERE id = ?",
+        [gpu_model, policy, at, pool_id],
+    )
+
+
+def archive_pool(db: sqlite_utils.Database, pool_id: str, at: str) -> None:
+    db.execute("UPDATE pools SET archived_at = ?, updated_at = ? WHERE id = ?", [at, at, pool_id])
+
+
+def pools_owned_by(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+    return list(db.query("SELECT * FROM pools WHERE owner_tenant_id = ? ORDER BY id", [tenant_id]))
+
+
+# --- authz projection ------------------------------------------------------
+
+
+def authz_row(db: sqlite_utils.Database, tenant_id: str, pool_id: str) -> dict[str, Any] | None:
+    return next(
+        db.query(
+            "SELECT * FROM pool_authz WHERE tenant_id = ? AND pool_id = ?", [tenant_id, pool_id]
+        ),
+        None,
+    )
+
+
+def visible_pools(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+    """Pools with an authz row for the tenant (owned, or offered and not archived)."""
+    return list(
+        db.query(
+            "SELECT p.*, a.region AS authz_region FROM pool_authz a JOIN pools p ON p.id = a.pool_id "
+            "WHERE a.tenant_id = ? ORDER BY p.id",
+            [tenant_id],
+        )
+    )
+
+
+def put_authz(
+    db: sqlite_utils.Database, tenant_id: str, pool: Mapping[str, Any], region: str
+) -> None:
+    db.execute(
+        "INSERT INTO pool_authz (tenant_id, pool_id, gpu_model, class, sharing, region, owned) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id) DO UPDATE SET "
+        "gpu_model = excluded.gpu_model, class = excluded.class, sharing = excluded.sharing, "
+        "region = excluded.region, owned = excluded.owned",
+        [
+            tenant_id,
+            pool["id"],
+            pool["gpu_model"],
+            pool["class"],
+            pool["sharing"],
+            region,
+            int(tenant_id == pool["owner_tenant_id"]),
+        ],
+    )
+
+
+def delete_authz(db: sqlite_utils.Database, tenant_id: str, pool_id: str) -> None:
+    db.execute("DELETE FROM pool_authz WHERE tenant_id = ? AND pool_id = ?", [tenant_id, pool_id])
+
+
+# --- offers ----------------------------------------------------------------
+
+
+def offers_of(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+    return list(
+        db.query("SELECT * FROM pool_offers WHERE pool_id = ? ORDER BY to_tenant_id", [pool_id])
+    )
+
+
+def offers_to(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+    return list(
+        db.query(
+            "SELECT o.*, p.owner_tenant_id FROM pool_offers o JOIN pools p ON p.id = o.pool_id "
+            "WHERE o.to_tenant_id = ? ORDER BY o.pool_id",
+            [tenant_id],
+        )
+    )
+
+
+def put_offer(
+    db: sqlite_utils.Database,
+    pool_id: str,
+    tenant_id: str,
+    include_descendants: bool,
+    priority: int,
+    at: str,
+) -> None:
+    db.execute(
+        "INSERT INTO pool_offers (pool_id, to_tenant_id, include_descendants, priority, "
+        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pool_id, to_tenant_id) "
+        "DO UPDATE SET include_descendants = excluded.include_descendants, "
+        "priority = excluded.priority, updated_at = excluded.updated_at",
+        [pool_id, tenant_id, int(include_descendants), priority, at, at],
+    )
+
+
+def delete_offer(db: sqlite_utils.Database, pool_id: str, tenant_id: str) -> bool:
+    cursor = db.execute(
+        "DELETE FROM pool_offers WHERE pool_id = ? AND to_tenant_id = ?", [pool_id, tenant_id]
+    )
+    return cursor.rowcount > 0
+
+
+def tenant_owned_nodes(db: sqlite_utils.Database, pool_id: str) -> int:
+    row = db.execute(
+        "SELECT count(*) FROM nodes WHERE pool_id = ? AND tenant_owned = 1", [pool_id]
+    ).fetchone()
+    return int(row[0])
+
+
+# --- quotas ----------------------------------------------------------------
+
+
+def quota_rows(
+    db: sqlite_utils.Database, tenant_id: str, pool_ids: Iterable[str] | None = None
+) -> list[dict[str, Any]]:
+    """The tenant's quota rows, on the given pools or on all of them."""
+    sql = "SELECT * FROM quotas WHERE tenant_id = ?"
+    params: list[Any] = [tenant_id]
+    if pool_ids is not None:
+        ids = list(pool_ids)
+        sql += f" AND pool_id IN ({', '.join('?' * len(ids))})"
+        params.extend(ids)
+    return list(db.query(sql + " ORDER BY pool_id, resource", params))
+
+
+def pool_quota_rows(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+    return list(
+        db.query("SELECT * FROM quotas WHERE pool_id = ? ORDER BY tenant_id, resource", [pool_id])
+    )
+
+
+def set_quota(
+    db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str, maximum: int, at: str
+) -> bool:
+    """Set a row's max, raised to what is in use (O2); returns whether the row changed."""
+    row = db.execute(
+        "SELECT max, used FROM quotas WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
+        [pool_id, tenant_id, resource],
+    ).fetchone()
+    if row is None:
+        db.execute(
+            "INSERT INTO quotas (pool_id, tenant_id, resource, max, used, updated_at) "
+            "VALUES (?, ?, ?, ?, 0, ?)",
+            [pool_id, tenant_id, resource, maximum, at],
+        )
+        return True
+    new_max = max(maximum, row[1])
+    if new_max == row[0]:
+        return False
+    db.execute(
+        "UPDATE quotas SET max = ?, updated_at = ? WHERE pool_id = ? AND tenant_id = ? "
+        "AND resource = ?",
+        [new_max, at, pool_id, tenant_id, resource],
+    )
+    return True
+
+
+def drop_quotas_to_used(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str) -> None:
+    db.execute(
+        "UPDATE quotas SET max = used, updated_at = ? WHERE pool_id = ? AND tenant_id = ? "
+        "AND max != used",
+        [at, pool_id, tenant_id],
+    )
+
+
+def zero_quotas(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str) -> None:
+    db.execute(
+        "UPDATE quotas SET max = 0, updated_at = ? WHERE pool_id = ? AND tenant_id = ?",
+        [at, pool_id, tenant_id],
+    )
+
+
+# --- capacity --------------------------------------------------------------
+
+
+def capacity_rollup(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+    """node_resources summed per resource over the pool's nodes."""
+    return list(
+        db.query(
+            "SELECT r.resource, sum(r.capacity) AS total, sum(r.allocated) AS allocated "
+            "FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ? "
+            "GROUP BY r.resource ORDER BY r.resource",
+            [pool_id],
+        )
+    )

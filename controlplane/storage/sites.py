@@ -1,0 +1,30 @@
+"""SQL for sites."""
+
+from typing import Any
+
+import sqlite_utils
+
+
+def insert_site(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+    db.execute(
+        "INSERT INTO sites (id, owner_tenant_id, name, region, kind, created_at) "
+        "VALUES (:id, :owner_tenant_id, :name, :region, :kind, :created_at)",
+        row,
+    )
+
+
+def site_name_taken(db: sqlite_utils.Database, owner: str, name: str) -> bool:
+    row = db.execute(
+        "SELECT 1 FROM sites WHERE owner_tenant_id = ? AND name = ?", [owner, name]
+    ).fetchone()
+    return row is not None
+
+
+def get_site(db: sqlite_utils.Database, site_id: str) -> dict[str, Any] | None:
+    return next(db.query("SELECT * FROM sites WHERE id = ?", [site_id]), None)
+
+
+def list_sites(db: sqlite_utils.Database, owner: str) -> list[dict[str, Any]]:
+    return list(
+        db.query("SELECT * FROM sites WHERE owner_tenant_id = ? ORDER BY created_at, id", [owner])
+    )

@@ -1,0 +1,68 @@
+"""The error tree. Every error a caller can see has a permanent code.
+
+    ApiError
+    ├── InvalidInput        400 INVALID_INPUT     (details.field names the JSON path)
+    │   └── PayloadTooLarge 413 INVALID_INPUT
+    ├── Unauthenticated     401 UNAUTHENTICATED
+    ├── PermissionDenied    403 PERMISSION_DENIED
+    ├── NotFound            404 NOT_FOUND
+    ├── Conflict            409 CONFLICT
+    └── InvalidState        409 INVALID_STATE
+
+Anything else that escapes a handler is a bug: 500 INTERNAL with no internals.
+"""
+
+from typing import Any, ClassVar
+
+
+class ApiError(Exception):
+    code: ClassVar[str] = "INTERNAL"
+    status: ClassVar[int] = 500
+
+    def __init__(self, message: str, *, field: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = dict(details)
+        if field is not None:
+            self.details["field"] = field
+
+
+class InvalidInput(ApiError):
+    code = "INVALID_INPUT"
+    status = 400
+
+
+class PayloadTooLarge(InvalidInput):
+    status = 413
+
+
+class Unauthenticated(ApiError):
+    code = "UNAUTHENTICATED"
+    status = 401
+
+
+class PermissionDenied(ApiError):
+    code = "PERMISSION_DENIED"
+    status = 403
+
+
+class NotFound(ApiError):
+    code = "NOT_FOUND"
+    status = 404
+
+
+class Conflict(ApiError):
+    code = "CONFLICT"
+    status = 409
+
+
+class InvalidState(ApiError):
+    code = "INVALID_STATE"
+    status = 409
+
+
+def error_body(code: str, message: str, details: dict[str, Any], request_id: str) -> dict[str, Any]:
+    """The one error body shape: ``{"error": {code, message, details, requestId}}``."""
+    return {
+        "error": {"code": code, "message": message, "details": details, "requestId": request_id}
+    }

@@ -1,0 +1,30 @@
+"""Ids: a prefix plus lowercase Crockford base32 (the seed's alphabet has no i, l, o, u).
+
+Random ids are ULIDs (26 characters). An id derived from an idempotency key is
+the SHA-256 of (tenant, caller, key) in the same alphabet: 52 characters, the
+top of the seed's 26…52 range.
+"""
+
+import hashlib
+
+from ulid import ULID
+
+ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
+ID_BODY = "[0-9a-hjkmnp-tv-z]"
+DERIVED_LENGTH = 52  # ceil(256 / 5)
+
+
+def new_id(prefix: str) -> str:
+    """A random, time-ordered id such as ``pool_01k…``."""
+    return f"{prefix}_{str(ULID()).lower()}"
+
+
+def derived_id(prefix: str, *parts: str) -> str:
+    """A stable id for an idempotent create: the same parts always give the same id."""
+    digest = hashlib.sha256("\x00".join(parts).encode()).digest()
+    number = int.from_bytes(digest, "big")
+    chars = []
+    for _ in range(DERIVED_LENGTH):
+        number, digit = divmod(number, 32)
+        chars.append(ALPHABET[digit])
+    return f"{prefix}_{''.join(reversed(chars))}"

@@ -1,0 +1,27 @@
+"""structlog set-up: JSON off a terminal, readable on one; request ids come from contextvars."""
+
+import logging
+import sys
+
+import structlog
+
+
+def configure_logging(*, json: bool | None = None, level: int = logging.INFO) -> None:
+    """Configure structlog once per process. ``json=None`` picks by whether stdout is a TTY."""
+    if json is None:
+        json = not sys.stdout.isatty()
+    renderer: structlog.typing.Processor = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        cache_logger_on_first_use=True,
+    )

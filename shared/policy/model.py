@@ -1,0 +1,126 @@
+"""The typed view of a pool policy: the fields the code reads (DESIGN §5).
+
+Unknown top-level fields are kept as given (P9): the stored policy is the raw
+object, and this model is only how validators and readers see the known
+fields. Inside a known field, unknown keys are refused: a typo in
+`hugepages` must not be silently ignored.
+"""
+
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+Ratio = Annotated[float, Meta(gt=0)]
+ModuleName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+ModuleOptions = Annotated[
+    str, Meta(max_length=1024, pattern=r"^[A-Za-z0-9_]+=\S+( [A-Za-z0-9_]+=\S+)*$")
+]
+CpuList = Annotated[str, Meta(max_length=256, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")]
+Duration = Annotated[str, Meta(max_length=16, pattern=r"^[1-9][0-9]{0,5}(s|m|h|d)$")]
+ImageRef = Annotated[
+    str,
+    Meta(
+        max_length=512,
+        pattern=r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$",
+    ),
+]
+MigProfile = Annotated[
+    str, Meta(max_length=32, pattern=r"^([1-9]c\.)?[1-9]g\.[0-9]+gb([+-][a-z.]+)?$")
+]
+MigKey = Annotated[str, Meta(pattern=r"^(default|GPU-[0-9a-fA-F-]{36})$")]
+
+
+class Section(Struct, forbid_unknown_fields=True):
+    """A known policy field: unknown keys inside it are refused."""
+
+
+class Acceptance(Section):
+    kind: Literal["diag.nvml"]
+
+
+class Overcommit(Section, omit_defaults=True):
+    vcpu: Ratio | UnsetType = UNSET
+    memoryGiB: Ratio | UnsetType = UNSET
+    diskGiB: Ratio | UnsetType = UNSET
+
+
+class HostReserve(Section):
+    vcpu: Annotated[int, Meta(ge=0, le=100_000)] = 0
+    memoryGiB: Annotated[float, Meta(ge=0, le=1_048_576)] = 0
+
+
+class Hugepages(Section, rename={"pages_2mi": "2Mi", "pages_1gi": "1Gi"}):
+    pages_2mi: Annotated[int, Meta(ge=0, le=16_777_216)] = 0
+    pages_1gi: Annotated[int, Meta(ge=0, le=65_536)] = 0
+
+
+class KernelModules(Section):
+    load: Annotated[list[ModuleName], Meta(max_length=128)] = msgspec.field(default_factory=list)
+    blacklist: Annotated[list[ModuleName], Meta(max_length=128)] = msgspec.field(
+        default_factory=list
+    )
+    options: dict[ModuleName, ModuleOptions] = msgspec.field(default_factory=dict)
+
+
+class Cpu(Section):
+    governor: Literal["performance", "powersave", "schedutil", "ondemand"] | UnsetType = UNSET
+    isolate: CpuList | UnsetType = UNSET
+
+
+class Iommu(Section):
+    mode: Literal["on", "passthrough", "off"]
+
+
+class Gpu(Section):
+    persistenceMode: bool | UnsetType = UNSET
+    computeMode: Literal["default", "exclusive-process", "prohibited"] | UnsetType = UNSET
+    powerLimitW: Annotated[int, Meta(ge=1, le=5000)] | UnsetType = UNSET
+
+
+class Kubernetes(Section):
+    """A kubeadm join set. The fields are optional here so that a partial set gets a clear error."""
+
+    apiServer: (
+        Annotated[
+            str, Meta(max_length=256, pattern=r"^https://[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?/?$")
+        ]
+        | UnsetType
+    ) = UNSET
+    token: Annotated[str, Meta(pattern=r"^[a-z0-9]{6}\.[a-z0-9]{16}$")] | UnsetType = UNSET
+    caCertHash: Annotated[str, Meta(pattern=r"^sha256:[a-f0-9]{64}$")] | UnsetType = UNSET
+
+
+class Admission(Section):
+    budgetCheck: Literal["meter"] | UnsetType = UNSET
+
+
+class Policy(Struct, kw_only=True):
+    """The known fields of a policy; anything else is ignored here and stored as given (P9)."""
+
+    acceptance: Annotated[list[Acceptance], Meta(max_length=16)] | UnsetType = UNSET
+    maxPending: Duration | UnsetType = UNSET
+    overcommit: Overcommit | UnsetType = UNSET
+    hostReserve: HostReserve | UnsetType = UNSET
+    hugepages: Hugepages | UnsetType = UNSET
+    kernelModules: KernelModules | UnsetType = UNSET
+    cpu: Cpu | UnsetType = UNSET
+    iommu: Iommu | UnsetType = UNSET
+    gpu: Gpu | UnsetType = UNSET
+    kubernetes: Kubernetes | UnsetType = UNSET
+    platformOperated: bool | UnsetType = UNSET
+    replicas: Annotated[int, Meta(ge=2, le=48)] | UnsetType = UNSET
+    migLayout: (
+        dict[MigKey, Annotated[list[MigProfile], Meta(min_length=1, max_length=8)]] | UnsetType
+    ) = UNSET
+    prewarmImages: Annotated[list[ImageRef], Meta(max_length=64)] | UnsetType = UNSET
+    singleTenant: bool | UnsetType = UNSET
+    joinAttestors: (
+        Annotated[
+            list[Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9.-]{0,63}$")]],
+            Meta(min_length=1, max_length=16),
+        ]
+        | UnsetType
+    ) = UNSET
+    admission: Admission | UnsetType = UNSET

@@ -1,0 +1,302 @@
+"""Request and response schemas: the one place input constraints are declared.
+
+The request structs match the seed's input tables (003) exactly: patterns,
+lengths, enums, ranges, required fields, and unknown fields refused. The same
+structs generate the OpenAPI document, and the response structs serialize
+answers.
+"""
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+from shared.ids import ID_BODY
+
+TenantId = Annotated[str, Meta(max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
+PoolId = Annotated[str, Meta(max_length=57, pattern=rf"^pool_{ID_BODY}{{26,52}}$")]
+SiteId = Annotated[str, Meta(max_length=57, pattern=rf"^site_{ID_BODY}{{26,52}}$")]
+CredentialId = Annotated[str, Meta(max_length=57, pattern=rf"^cred_{ID_BODY}{{26,52}}$")]
+ProviderAccountId = Annotated[str, Meta(max_length=58, pattern=rf"^pacct_{ID_BODY}{{26,52}}$")]
+GpuModel = Annotated[str, Meta(max_length=32, pattern=r"^[A-Za-z0-9-]{1,32}$")]
+QuotaKey = Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")]
+QuotaValue = Annotated[int, Meta(ge=0, le=2147483647)]
+Quota = dict[QuotaKey, QuotaValue]
+IdempotencyKey = Annotated[str, Meta(max_length=128, pattern=r"^[A-Za-z0-9._~:/+=-]{1,128}$")]
+Priority = Annotated[int, Meta(ge=-1000, le=1000)]
+DisplayName = Annotated[str, Meta(min_length=1, max_length=200)]
+SiteName = Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+Region = Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+EventType = Annotated[str, Meta(max_length=64, pattern=r"^[a-z]+(\.[a-z]+)+$")]
+
+PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
+Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
+AgentKind = Literal["bcd", "none"]
+SiteKind = Literal["shared", "dedicated", "custom"]
+
+# An IAM action: service:group:verb, where any part may be "*".
+ActionPattern = Annotated[
+    str, Meta(max_length=128, pattern=r"^(\*|[a-z]+(:(\*|[a-zA-Z]+)){0,2}(:\*)?)$")
+]
+ResourceType = Literal["compute-fleet", "compute-tenant", "compute-pool", "*"]
+
+
+class Request(Struct, forbid_unknown_fields=True, rename="camel", kw_only=True):
+    """Every request body: a JSON object with unknown fields refused."""
+
+
+class TenantScoped(Request):
+    tenant_id: TenantId
+
+
+class PoolScoped(TenantScoped):
+    pool_id: PoolId
+
+
+# --- IAM -------------------------------------------------------------------
+
+
+class Conditions(Struct, forbid_unknown_fields=True, rename={"pool_class": "class"}):
+    """Conditions on the pool's authz attributes; each lists the values that match."""
+
+    gpuModel: list[GpuModel] | UnsetType = UNSET
+    pool_class: list[PoolClass] | UnsetType = UNSET
+    sharing: list[Sharing] | UnsetType = UNSET
+    region: list[Region] | UnsetType = UNSET
+    owned: list[bool] | UnsetType = UNSET
+
+
+class Statement(Struct, forbid_unknown_fields=True):
+    effect: Literal["allow", "deny"]
+    actions: Annotated[list[ActionPattern], Meta(min_length=1, max_length=64)]
+    resources: Annotated[list[ResourceType], Meta(min_length=1, max_length=8)]
+    conditions: Conditions | UnsetType = UNSET
+
+
+class TenantsCreate(TenantScoped):
+    parent_tenant_id: TenantId | UnsetType = UNSET
+    name: DisplayName | UnsetType = UNSET
+
+
+class TenantsDelete(TenantScoped):
+    pass
+
+
+class CredentialsCreate(TenantScoped):
+    name: DisplayName | UnsetType = UNSET
+    statements: Annotated[list[Statement], Meta(max_length=64)] | UnsetType = UNSET
+
+
+class CredentialsRevoke(TenantScoped):
+    credential_id: CredentialId
+
+
+# --- sites -----------------------------------------------------------------
+
+
+class SitesCreate(TenantScoped):
+    name: SiteName
+    region: Region
+    kind: SiteKind
+
+
+class SitesList(TenantScoped):
+    pass
+
+
+# --- pools (seed 003) ------------------------------------------------------
+
+
+class PoolsList(TenantScoped):
+    pass
+
+
+class PoolsGet(PoolScoped):
+    pass
+
+
+class PoolsCapacity(PoolScoped):
+    pass
+
+
+class PoolsArchive(PoolScoped):
+    pass
+
+
+class PoolsCreate(TenantScoped):
+    site_id: SiteId
+    pool_class: PoolClass = msgspec.field(name="class")
+    gpu_model: GpuModel | UnsetType = UNSET
+    sharing: Sharing = "exclusive"
+    agent: AgentKind | UnsetType = UNSET
+    policy: dict[str, Any] | UnsetType = UNSET
+    owner_quota: Quota | UnsetType = UNSET
+    provider_account_id: ProviderAccountId | UnsetType = UNSET
+    idempotency_key: IdempotencyKey | UnsetType = UNSET
+
+
+class PoolsOffer(PoolScoped):
+    to_tenant_id: TenantId
+    quota: Quota
+    include_descendants: bool = False
+    priority: Priority = 0
+
+
+class PoolsUnoffer(PoolScoped):
+    to_tenant_id: TenantId
+
+
+class PoolsUpdate(PoolScoped):
+    policy: dict[str, Any] | UnsetType = UNSET
+    gpu_model: GpuModel | UnsetType = UNSET
+
+
+# --- quotas, capacity, events ----------------------------------------------
+
+
+class QuotasSet(PoolScoped):
+    for_tenant_id: TenantId
+    quota: Quota
+
+
+class QuotasList(TenantScoped):
+    pool_id: PoolId | UnsetType = UNSET
+
+
+class CapacityByPool(PoolScoped):
+    pass
+
+
+class EventsList(TenantScoped):
+    after: Annotated[int, Meta(ge=0)] = 0
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+    types: Annotated[list[EventType], Meta(max_length=32)] | UnsetType = UNSET
+
+
+# --- answers ---------------------------------------------------------------
+
+
+class Answer(Struct, rename="camel", kw_only=True, omit_defaults=True):
+    """Every answer body; UNSET fields are left out."""
+
+
+class QuotaRow(Answer):
+    tenant_id: str
+    pool_id: str
+    resource: str
+    max: int
+    used: int
+    available: int
+
+
+class OfferView(Answer):
+    to_tenant_id: str
+    quota: dict[str, int]
+    include_descendants: bool
+    priority: int
+
+
+class PoolView(Answer):
+    id: str
+    owner_tenant_id: str
+    site_id: str
+    pool_class: str = msgspec.field(name="class")
+    gpu_model: str | None
+    sharing: str
+    agent: str
+    policy: dict[str, Any]
+    version: int
+    owned: bool
+    archived: bool
+    quotas: list[QuotaRow]
+    created_at: str
+    updated_at: str
+    offers: list[OfferView] | UnsetType = UNSET
+    provider_account_id: str | UnsetType = UNSET
+
+
+class PoolList(Answer):
+    items: list[PoolView]
+
+
+class Unoffered(Answer):
+    removed: bool
+
+
+class QuotaList(Answer):
+    items: list[QuotaRow]
+
+
+class CapacityRow(Answer):
+    pool_id: str
+    resource: str
+    total: int
+    allocated: int
+    available: int
+
+
+class CapacityList(Answer):
+    items: list[CapacityRow]
+
+
+class SiteView(Answer):
+    id: str
+    owner_tenant_id: str
+    name: str
+    region: str
+    kind: str
+    created_at: str
+
+
+class SiteList(Answer):
+    items: list[SiteView]
+
+
+class TenantView(Answer):
+    tenant_id: str
+    parent_tenant_id: str | None
+    name: str | None
+    created_at: str
+
+
+class TenantDeleted(Answer):
+    tenant_id: str
+    archived_pools: list[str]
+    withdrawn_offers: list[str]
+    revoked_credentials: int
+
+
+class CredentialCreated(Answer):
+    credential_id: str
+    tenant_id: str
+    token: str
+
+
+class CredentialRevoked(Answer):
+    credential_id: str
+    revoked: bool
+
+
+class EventView(Answer):
+    seq: int
+    id: str
+    type: str
+    at: str
+    pool_id: str | None
+    data: dict[str, Any]
+
+
+class EventList(Answer):
+    items: list[EventView]
+    next: int
+
+
+class ErrorDetail(Struct):
+    code: str
+    message: str
+    details: dict[str, Any]
+    requestId: str
+
+
+class ErrorBody(Struct):
+    error: ErrorDetail
