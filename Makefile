@@ -21,7 +21,7 @@ run: $(STAMP)
 		--root-token-file $(DATA)/root.token
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -70,7 +70,7 @@ RUNTIME = web.AppKey("runtime", Runtime)
 METRICS = web.AppKey("metrics", Metrics)
 METHODS = web.AppKey("methods", tuple)
 OPENAPI = web.AppKey("openapi", bytes)
-PRINCIPAL = "principal"  # request key: who is calling, for the log line
+PRINCIPAL = web.RequestKey("principal", Principal)  # who is calling, for the log line
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -1,0 +1,571 @@
+"""API throughput benchmark: the control plane against a bare aiohttp handler.
+
+Run it with ``make bench`` (which runs ``.venv/bin/python bench/api.py``) or directly::
+
+    .venv/bin/python bench/api.py [--seconds 5] [--concurrency 16] [--max-requests N] [--json]
+
+What it does, in one run:
+
+1. Starts the real daemon (``better-compute-controlplane serve``) on a fresh SQLite database in a
+   temporary directory, on a free port of 127.0.0.1, with its output sent to a log file there.
+2. Populates it over HTTP as root: tenant ``acme``, one shared site, 50 ``metal-host`` pools, each
+   offered to ``acme`` with a quota, and a credential for ``acme``.
+3. Starts a baseline server in a second subprocess: a bare aiohttp app with one POST handler that
+   answers ``{"ok": true}``.
+4. Loads each endpoint in turn from this process (the client) with one aiohttp session, a fixed
+   number of concurrent workers over keep-alive connections, for a bounded time and request count:
+
+   - ``bare``        POST to the baseline handler;
+   - ``pools/get``   ``compute/pools/get`` as acme, one pool;
+   - ``pools/list``  ``compute/pools/list`` as acme, 50 pools visible;
+   - ``pools/offer`` ``compute/pools/offer`` as root, re-offering one pool with a varying quota.
+
+5. Prints requests, req/s, p50 and p99 latency, errors (any answer but HTTP 200, or a transport
+   failure) and the ratio of each endpoint's req/s to the bare handler's, then the informational
+   target ``pools/get ratio >= 0.5 x bare``.
+
+The servers and the client share the machine's cores, so absolute numbers depend on the host; the
+ratio to the bare handler, measured under the same conditions, is the figure to compare. The exit
+status is 0 unless a request failed (1) or the setup failed (2); the target does not affect it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+HOST = "127.0.0.1"
+POOLS = 50
+BARE_PATH = "/bare"
+TARGET_ENDPOINT = "pools/get"
+TARGET_RATIO = 0.5
+READY_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 15.0
+REQUEST_TIMEOUT_S = 30.0
+WARMUP_REQUESTS = 50
+
+# A request body for the i-th request of an endpoint.
+BodyFactory = Callable[[int], bytes]
+
+
+class SetupError(RuntimeError):
+    """The servers could not be started or populated."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    url: str
+    token: str | None
+    body: BodyFactory
+
+
+@dataclass(frozen=True)
+class Result:
+    endpoint: str
+    requests: int
+    seconds: float
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+    ratio: float
+    first_error: str | None
+
+
+# --- the baseline server ------------------------------------------------------------------------
+
+
+async def _bare_handler(request: web.Request) -> web.Response:
+    await request.read()
+    return web.Response(body=b'{"ok":true}', content_type="application/json")
+
+
+def serve_bare(port: int) -> None:
+    """Run the baseline: a bare aiohttp app with one POST handler (runs in its own process)."""
+    app = web.Application()
+    app.router.add_post(BARE_PATH, _bare_handler)
+    web.run_app(app, host=HOST, port=port, access_log=None, print=None)
+
+
+# --- processes ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def daemon_executable() -> str:
+    beside = Path(sys.executable).with_name("better-compute-controlplane")
+    if beside.exists():
+        return str(beside)
+    repo_venv = Path(__file__).resolve().parent.parent / ".venv/bin/better-compute-controlplane"
+    if repo_venv.exists():
+        return str(repo_venv)
+    found = shutil.which("better-compute-controlplane")
+    if found is None:
+        raise SetupError("better-compute-controlplane not found; run `make bench` to install it")
+    return found
+
+
+@contextlib.contextmanager
+def spawned(argv: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """Run argv with its output in log_path; SIGTERM it (then SIGKILL) on the way out."""
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"(could not read {path}: {exc})"
+
+
+# --- HTTP helpers -------------------------------------------------------------------------------
+
+
+def encode(body: dict[str, Any]) -> bytes:
+    return msgspec.json.encode(body)
+
+
+def headers(token: str | None) -> dict[str, str]:
+    result = {"Content-Type": "application/json"}
+    if token is not None:
+        result["Authorization"] = f"Bearer {token}"
+    return result
+
+
+async def wait_ready(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+) -> None:
+    """Poll url until it answers 200; fail if the process exits or the deadline passes."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    last = "no answer"
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SetupError(
+                f"{proc.args!r} exited with {proc.returncode} before it was ready; "
+                f"log {log_path}:\n{log_tail(log_path)}"
+            )
+        try:
+            async with session.request(method, url, data=b"{}", headers=headers(None)) as resp:
+                await resp.read()
+                if resp.status == 200:
+                    return
+                last = f"HTTP {resp.status}"
+        except (aiohttp.ClientError, OSError) as exc:
+            last = repr(exc)
+        await asyncio.sleep(0.1)
+    raise SetupError(
+        f"{url} not ready after {READY_TIMEOUT_S:.0f}s ({last}); log {log_path}:\n"
+        f"{log_tail(log_path)}"
+    )
+
+
+async def call(
+    session: aiohttp.ClientSession, base: str, path: str, token: str, body: dict[str, Any]
+) -> Any:
+    """One setup call: POST /api/<path>; anything but 200 is a SetupError."""
+    url = f"{base}/api/{path}"
+    async with session.post(url, data=encode(body), headers=headers(token)) as resp:
+        payload = await resp.read()
+        if resp.status != 200:
+            raise SetupError(
+                f"POST /api/{path} {json.dumps(body)} -> HTTP {resp.status}: "
+                f"{payload.decode(errors='replace')}"
+            )
+        return msgspec.json.decode(payload)
+
+
+@dataclass(frozen=True)
+class Fixture:
+    acme_token: str
+    pool_ids: list[str]
+
+
+async def populate(session: aiohttp.ClientSession, base: str, root: str) -> Fixture:
+    """Tenant acme, one shared site, POOLS pools each offered to acme, and acme's credential."""
+    await call(session, base, "iam/tenants/create", root, {"tenantId": "acme"})
+    site = await call(
+        session,
+        base,
+        "compute/sites/create",
+        root,
+        {"tenantId": "root", "name": "fra1", "region": "eu-central", "kind": "shared"},
+    )
+    pool_ids: list[str] = []
+    for _ in range(POOLS):
+        pool = await call(
+            session,
+            base,
+            "compute/pools/create",
+            root,
+            {
+                "tenantId": "root",
+                "siteId": site["id"],
+                "class": "metal-host",
+                "gpuModel": "H100",
+                "policy": {"maxPending": "6h"},
+            },
+        )
+        pool_ids.append(pool["id"])
+    for pool_id in pool_ids:
+        await call(
+            session,
+            base,
+            "compute/pools/offer",
+            root,
+            {"tenantId": "root", "poolId": pool_id, "toTenantId": "acme", "quota": {"gpu": 32}},
+        )
+    credential = await call(session, base, "iam/credentials/create", root, {"tenantId": "acme"})
+    fixture = Fixture(acme_token=credential["token"], pool_ids=pool_ids)
+    visible = await call(
+        session, base, "compute/pools/list", fixture.acme_token, {"tenantId": "acme"}
+    )
+    if len(visible["items"]) != POOLS:
+        raise SetupError(f"acme sees {len(visible['items'])} pools, expected {POOLS}")
+    return fixture
+
+
+# --- load ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Sample:
+    latencies: list[float]
+    errors: int = 0
+    first_error: str | None = None
+
+    def fail(self, reason: str) -> None:
+        self.errors += 1
+        if self.first_error is None:
+            self.first_error = reason
+
+
+async def one_request(session: aiohttp.ClientSession, endpoint: Endpoint, i: int) -> str | None:
+    """Send the i-th request; None on HTTP 200, else the reason it failed."""
+    try:
+        async with session.post(
+            endpoint.url, data=endpoint.body(i), headers=headers(endpoint.token)
+        ) as resp:
+            payload = await resp.read()
+            if resp.status != 200:
+                return f"HTTP {resp.status}: {payload[:300].decode(errors='replace')}"
+            return None
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        return repr(exc)
+
+
+async def load(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    *,
+    seconds: float,
+    concurrency: int,
+    max_requests: int,
+) -> tuple[Sample, float]:
+    """Drive endpoint with `concurrency` workers until `seconds` pass or `max_requests` are sent."""
+    sample = Sample(latencies=[])
+    issued = 0
+    started = time.perf_counter()
+    deadline = started + seconds
+
+    async def worker() -> None:
+        nonlocal issued
+        while issued < max_requests and time.perf_counter() < deadline:
+            i = issued
+            issued += 1
+            t0 = time.perf_counter()
+            failure = await one_request(session, endpoint, i)
+            sample.latencies.append(time.perf_counter() - t0)
+            if failure is not None:
+                sample.fail(failure)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return sample, time.perf_counter() - started
+
+
+async def warm_up(session: aiohttp.ClientSession, endpoint: Endpoint, concurrency: int) -> None:
+    """Open the keep-alive connections and warm caches; these requests are not measured."""
+    await load(
+        session, endpoint, seconds=2.0, concurrency=concurrency, max_requests=WARMUP_REQUESTS
+    )
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list (0 when empty)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, min(len(sorted_values), round(q / 100 * len(sorted_values) + 0.5)))
+    return sorted_values[rank - 1]
+
+
+def summarise(name: str, sample: Sample, elapsed: float, bare_rps: float | None) -> Result:
+    latencies = sorted(sample.latencies)
+    rps = len(latencies) / elapsed if elapsed > 0 else 0.0
+    return Result(
+        endpoint=name,
+        requests=len(latencies),
+        seconds=round(elapsed, 3),
+        rps=round(rps, 1),
+        p50_ms=round(percentile(latencies, 50) * 1000, 2),
+        p99_ms=round(percentile(latencies, 99) * 1000, 2),
+        errors=sample.errors,
+        ratio=round(rps / bare_rps, 3) if bare_rps else 1.0,
+        first_error=sample.first_error,
+    )
+
+
+def endpoints(bare_base: str, api_base: str, root: str, fixture: Fixture) -> list[Endpoint]:
+    pool_id = fixture.pool_ids[0]
+    get_body = encode({"tenantId": "acme", "poolId": pool_id})
+    list_body = encode({"tenantId": "acme"})
+    offers = [
+        encode(
+            {
+                "tenantId": "root",
+                "poolId": pool_id,
+                "toTenantId": "acme",
+                "quota": {"gpu": 32 + k},
+            }
+        )
+        for k in range(5)
+    ]
+    return [
+        Endpoint("bare", f"{bare_base}{BARE_PATH}", None, lambda i: b"{}"),
+        Endpoint(
+            "pools/get", f"{api_base}/api/compute/pools/get", fixture.acme_token, lambda i: get_body
+        ),
+        Endpoint(
+            "pools/list",
+            f"{api_base}/api/compute/pools/list",
+            fixture.acme_token,
+            lambda i: list_body,
+        ),
+        Endpoint(
+            "pools/offer", f"{api_base}/api/compute/pools/offer", root, lambda i: offers[i % 5]
+        ),
+    ]
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    seconds: float
+    concurrency: int
+    max_requests: int
+    as_json: bool
+
+
+async def measure(
+    options: Options,
+    workdir: Path,
+    api: subprocess.Popen[bytes],
+    api_port: int,
+    api_log: Path,
+    bare: subprocess.Popen[bytes],
+    bare_port: int,
+    bare_log: Path,
+) -> list[Result]:
+    api_base = f"http://{HOST}:{api_port}"
+    bare_base = f"http://{HOST}:{bare_port}"
+    connector = aiohttp.TCPConnector(limit=options.concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        await wait_ready(session, "GET", f"{api_base}/readyz", api, api_log)
+        await wait_ready(session, "POST", f"{bare_base}{BARE_PATH}", bare, bare_log)
+        root = (workdir / "root.token").read_text().strip()
+        fixture = await populate(session, api_base, root)
+        results: list[Result] = []
+        bare_rps: float | None = None
+        for endpoint in endpoints(bare_base, api_base, root, fixture):
+            await warm_up(session, endpoint, options.concurrency)
+            sample, elapsed = await load(
+                session,
+                endpoint,
+                seconds=options.seconds,
+                concurrency=options.concurrency,
+                max_requests=options.max_requests,
+            )
+            result = summarise(endpoint.name, sample, elapsed, bare_rps)
+            if bare_rps is None:
+                bare_rps = result.rps
+            results.append(result)
+        for proc, log in ((api, api_log), (bare, bare_log)):
+            if proc.poll() is not None:
+                raise SetupError(
+                    f"{proc.args!r} exited with {proc.returncode} during the run; log {log}:\n"
+                    f"{log_tail(log)}"
+                )
+        return results
+
+
+def run(options: Options) -> list[Result]:
+    with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
+        workdir = Path(tmp)
+        api_port, bare_port = free_port(), free_port()
+        while bare_port == api_port:
+            bare_port = free_port()
+        api_log, bare_log = workdir / "controlplane.log", workdir / "bare.log"
+        api_argv = [
+            daemon_executable(),
+            "serve",
+            "--db",
+            str(workdir / "db.sqlite"),
+            "--listen",
+            f"{HOST}:{api_port}",
+            "--root-token-file",
+            str(workdir / "root.token"),
+            "--log-format",
+            "json",
+        ]
+        bare_argv = [sys.executable, str(Path(__file__).resolve()), "--serve-bare", str(bare_port)]
+        with spawned(api_argv, api_log) as api, spawned(bare_argv, bare_log) as bare:
+            return asyncio.run(
+                measure(options, workdir, api, api_port, api_log, bare, bare_port, bare_log)
+            )
+
+
+def target_line(results: list[Result]) -> tuple[str, bool]:
+    ratio = next(r.ratio for r in results if r.endpoint == TARGET_ENDPOINT)
+    passed = ratio >= TARGET_RATIO
+    return (
+        f"{TARGET_ENDPOINT} ratio >= {TARGET_RATIO} x bare: {'PASS' if passed else 'FAIL'}",
+        passed,
+    )
+
+
+def print_table(results: list[Result], options: Options, out: TextIO) -> None:
+    print(
+        f"{options.seconds:g}s per endpoint, concurrency {options.concurrency}, "
+        f"{os.cpu_count()} CPUs shared by client and servers",
+        file=out,
+    )
+    columns = ("endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "ratio")
+    rows = [
+        (
+            r.endpoint,
+            str(r.requests),
+            f"{r.rps:.1f}",
+            f"{r.p50_ms:.2f}",
+            f"{r.p99_ms:.2f}",
+            str(r.errors),
+            f"{r.ratio:.3f}",
+        )
+        for r in results
+    ]
+    widths = [max(len(c), *(len(row[k]) for row in rows)) for k, c in enumerate(columns)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = (cell.rjust(width) for cell, width in zip(cells[1:], widths[1:], strict=True))
+        return "  ".join((first, *rest))
+
+    print(line(columns), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in rows:
+        print(line(row), file=out)
+    print(target_line(results)[0], file=out)
+    for r in results:
+        if r.first_error is not None:
+            print(f"{r.endpoint}: {r.errors} errors, first: {r.first_error}", file=out)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--seconds", type=float, default=5.0, help="load time per endpoint")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent requests")
+    parser.add_argument(
+        "--max-requests", type=int, default=500_000, help="request cap per endpoint"
+    )
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_bare is None:
+        if args.seconds <= 0:
+            parser.error("--seconds must be positive")
+        if args.concurrency < 1:
+            parser.error("--concurrency must be at least 1")
+        if args.max_requests < 1:
+            parser.error("--max-requests must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.serve_bare is not None:
+        serve_bare(args.serve_bare)
+        return 0
+    options = Options(
+        seconds=args.seconds,
+        concurrency=args.concurrency,
+        max_requests=args.max_requests,
+        as_json=args.json,
+    )
+    try:
+        results = run(options)
+    except SetupError as exc:
+        print(f"bench: setup failed: {exc}", file=sys.stderr)
+        return 2
+    line, passed = target_line(results)
+    if options.as_json:
+        document = {
+            "seconds": options.seconds,
+            "concurrency": options.concurrency,
+            "max_requests": options.max_requests,
+            "cpus": os.cpu_count(),
+            "results": [asdict(r) for r in results],
+            "target": {
+                "endpoint": TARGET_ENDPOINT,
+                "min_ratio": TARGET_RATIO,
+                "passed": passed,
+                "line": line,
+            },
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print_table(results, options, sys.stdout)
+    return 1 if any(r.errors for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

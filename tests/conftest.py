@@ -1,0 +1,145 @@
+"""The real app on a real SQLite file in tmp_path, and helpers to drive it over HTTP."""
+
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from controlplane.app import make_app
+from controlplane.config import Config
+
+TABLES = (
+    "tenants",
+    "credentials",
+    "sites",
+    "pools",
+    "pool_offers",
+    "quotas",
+    "pool_authz",
+    "events",
+    "event_audience",
+)
+
+
+class Api:
+    """An HTTP caller of the control plane with a default token."""
+
+    def __init__(self, client: TestClient, token: str) -> None:
+        self.client = client
+        self.token = token
+
+    async def call(
+        self, path: str, body: Any, token: str | None = None, raw: bytes | None = None
+    ) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token or self.token}"}
+        if raw is not None:
+            response = await self.client.post(f"/api/{path}", data=raw, headers=headers)
+        else:
+            response = await self.client.post(f"/api/{path}", json=body, headers=headers)
+        return response.status, await response.json()
+
+    async def ok(self, path: str, body: Any, token: str | None = None) -> Any:
+        status, answer = await self.call(path, body, token)
+        assert status == 200, (status, answer)
+        return answer
+
+    async def err(
+        self,
+        path: str,
+        body: Any,
+        code: str,
+        field: str | None = None,
+        token: str | None = None,
+        status: int | None = None,
+    ) -> dict[str, Any]:
+        got_status, answer = await self.call(path, body, token)
+        assert "error" in answer, (got_status, answer)
+        error = answer["error"]
+        assert error["code"] == code, answer
+        if field is not None:
+            assert error["details"].get("field") == field, answer
+        if status is not None:
+            assert got_status == status
+        return error
+
+    # --- factories ---------------------------------------------------------
+
+    async def tenant(self, tenant_id: str, **extra: Any) -> str:
+        await self.ok("iam/tenants/create", {"tenantId": tenant_id, **extra})
+        return tenant_id
+
+    async def token_for(self, tenant_id: str, statements: list[Any] | None = None) -> str:
+        body: dict[str, Any] = {"tenantId": tenant_id}
+        if statements is not None:
+            body["statements"] = statements
+        answer = await self.ok("iam/credentials/create", body)
+        return str(answer["token"])
+
+    async def site(
+        self,
+        tenant_id: str = "root",
+        kind: str = "shared",
+        name: str = "fra1",
+        token: str | None = None,
+    ) -> str:
+        body = {"tenantId": tenant_id, "name": name, "region": "eu-central", "kind": kind}
+        answer = await self.ok("compute/sites/create", body, token)
+        return str(answer["id"])
+
+    async def pool(
+        self, site_id: str, tenant_id: str = "root", token: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        body = {"tenantId": tenant_id, "siteId": site_id, "class": "metal-host", "gpuModel": "H100"}
+        body.update(fields)
+        return dict(await self.ok("compute/pools/create", body, token))
+
+    async def offer(
+        self, pool_id: str, to: str, quota: dict[str, int] | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        body = {
+            "tenantId": "root",
+            "poolId": pool_id,
+            "toTenantId": to,
+            "quota": quota or {"gpu": 8},
+        }
+        body.update(extra)
+        return dict(await self.ok("compute/pools/offer", body))
+
+
+def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, to show a refused request changed nothing."""
+    conn = sqlite3.connect(db_path)
+    try:
+        return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}
+    finally:
+        conn.close()
+
+
+def execute(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement on the file directly: to read rows, or to stand in for a later feature."""
+    conn = sqlite3.connect(db_path)
+    try:
+        rows = conn.execute(sql, params).fetchall()
+        conn.commit()
+        return rows
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Config:
+    return Config(db_path=tmp_path / "bc.db", root_token_file=tmp_path / "root.token")
+
+
+@pytest.fixture
+async def api(aiohttp_client: Any, config: Config) -> AsyncIterator[Api]:
+    client = await aiohttp_client(make_app(config))
+    yield Api(client, config.root_token_file.read_text().strip())
+
+
+@pytest.fixture
+def db(config: Config) -> Path:
+    return config.db_path
