@@ -20,7 +20,7 @@ from controlplane.services.iam import authenticate, bootstrap
 from controlplane.storage.db import Store
 from controlplane.storage.migrations import MIGRATIONS
 from shared.errors import ApiError, InvalidInput, NotFound, Unauthenticated, error_body
-from shared.ids import new_id
+from shared.ids import request_id as new_request_id
 
 log = structlog.get_logger("controlplane.http")
 JSON = "application/json"
@@ -87,7 +87,7 @@ def error_response(error: ApiError, request_id: str) -> web.Response:
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """A request id on every log line and error body; one log line per request; errors mapped."""
-    request_id = new_id("req")
+    request_id = new_request_id()
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
     try:

@@ -5,7 +5,9 @@ the SHA-256 of (tenant, caller, key) in the same alphabet: 52 characters, the
 top of the seed's 26…52 range.
 """
 
+import base64
 import hashlib
+import os
 
 from ulid import ULID
 
@@ -17,6 +19,15 @@ DERIVED_LENGTH = 52  # ceil(256 / 5)
 def new_id(prefix: str) -> str:
     """A random, time-ordered id such as ``pool_01k…``."""
     return f"{prefix}_{str(ULID()).lower()}"
+
+
+# RFC 4648 base32 letters → Crockford's lowercase alphabet, for bytes.translate.
+_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", ALPHABET.encode())
+
+
+def request_id() -> str:
+    """A random id for one HTTP request (80 bits); cheaper than a ULID on the hot path."""
+    return "req_" + base64.b32encode(os.urandom(10)).translate(_TO_CROCKFORD).decode()
 
 
 def derived_id(prefix: str, *parts: str) -> str:

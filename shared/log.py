@@ -3,7 +3,15 @@
 import logging
 import sys
 
+import msgspec
 import structlog
+
+_ENCODER = msgspec.json.Encoder(enc_hook=str)
+
+
+def _dumps(event: object, **_: object) -> str:
+    """JSON for one log line; msgspec is several times faster than the json module."""
+    return _ENCODER.encode(event).decode()
 
 
 def configure_logging(*, json: bool | None = None, level: int = logging.INFO) -> None:
@@ -11,7 +19,9 @@ def configure_logging(*, json: bool | None = None, level: int = logging.INFO) ->
     if json is None:
         json = not sys.stdout.isatty()
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer(serializer=_dumps)
+        if json
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[

@@ -24,14 +24,14 @@ def require(principal: Principal, action: str, resource: str, **attrs: Any) -> N
         raise PermissionDenied(f"{action} is not allowed on {resource}", action=action)
 
 
-def authz_attrs(row: dict[str, Any]) -> dict[str, Any]:
-    """A pool_authz row as the attributes statements' conditions match."""
+def authz_attrs(pool: dict[str, Any]) -> dict[str, Any]:
+    """The attributes statements' conditions match, from the pool's authz row for the tenant."""
     return {
-        "gpuModel": row["gpu_model"],
-        "class": row["class"],
-        "sharing": row["sharing"],
-        "region": row["region"],
-        "owned": bool(row["owned"]),
+        "gpuModel": pool["authz_gpu_model"],
+        "class": pool["authz_class"],
+        "sharing": pool["authz_sharing"],
+        "region": pool["authz_region"],
+        "owned": bool(pool["authz_owned"]),
     }
 
 
@@ -43,11 +43,9 @@ def visible_pool(
     db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_id: str, action: str
 ) -> dict[str, Any]:
     """The pool as ``tenant_id`` may read it, or NOT_FOUND (L2): never reveal existence."""
-    row = pool_sql.authz_row(db, tenant_id, pool_id)
-    if row is None or not decide(principal, action, "compute-pool", authz_attrs(row)):
+    pool = pool_sql.pool_for_tenant(db, tenant_id, pool_id)
+    if pool is None or not decide(principal, action, "compute-pool", authz_attrs(pool)):
         raise pool_not_found()
-    pool = pool_sql.get_pool(db, pool_id)
-    assert pool is not None
     return pool
 
 
@@ -59,14 +57,12 @@ def owned_pool(
     An owner whose credential may see the pool but not take the action gets
     PERMISSION_DENIED: the pool's existence is no secret to it.
     """
-    row = pool_sql.authz_row(db, tenant_id, pool_id)
-    if row is None or not row["owned"]:
+    pool = pool_sql.pool_for_tenant(db, tenant_id, pool_id)
+    if pool is None or not pool["authz_owned"]:
         raise pool_not_found()
-    attrs = authz_attrs(row)
+    attrs = authz_attrs(pool)
     if not decide(principal, action, "compute-pool", attrs):
         if decide(principal, "compute:pools:read", "compute-pool", attrs):
             raise PermissionDenied(f"{action} is not allowed on this pool", action=action)
         raise pool_not_found()
-    pool = pool_sql.get_pool(db, pool_id)
-    assert pool is not None
     return pool

@@ -175,18 +175,7 @@ def list_pools(db: sqlite_utils.Database, principal: Principal, req: PoolsList) 
     pools = [
         pool
         for pool in pool_sql.visible_pools(db, req.tenant_id)
-        if decide(
-            principal,
-            "compute:pools:read",
-            "compute-pool",
-            authz_attrs(
-                {
-                    **pool,
-                    "region": pool["authz_region"],
-                    "owned": pool["owner_tenant_id"] == req.tenant_id,
-                }
-            ),
-        )
+        if decide(principal, "compute:pools:read", "compute-pool", authz_attrs(pool))
     ]
     quotas: dict[str, list[dict[str, Any]]] = {pool["id"]: [] for pool in pools}
     for row in pool_sql.quota_rows(db, req.tenant_id, quotas):

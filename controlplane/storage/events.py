@@ -7,6 +7,7 @@ import msgspec
 import sqlite_utils
 
 from controlplane.storage.db import now
+from controlplane.storage.rows import rows
 from shared.ids import new_id
 
 
@@ -59,4 +60,4 @@ def list_events(
         f"SELECT e.seq, e.id, e.type, e.at, e.pool_id, e.data FROM events e {join} "
         f"WHERE {' AND '.join(where)} ORDER BY e.seq LIMIT ?"
     )
-    return list(db.query(sql, params))
+    return rows(db, sql, params)

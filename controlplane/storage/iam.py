@@ -4,11 +4,12 @@ from typing import Any
 
 import sqlite_utils
 
+from controlplane.storage.rows import one
+
 
 def get_tenant(db: sqlite_utils.Database, tenant_id: str) -> dict[str, Any] | None:
     """A live (not deleted) tenant."""
-    rows = db.query("SELECT * FROM tenants WHERE id = ? AND deleted_at IS NULL", [tenant_id])
-    return next(rows, None)
+    return one(db, "SELECT * FROM tenants WHERE id = ? AND deleted_at IS NULL", [tenant_id])
 
 
 def tenant_id_taken(db: sqlite_utils.Database, tenant_id: str) -> bool:

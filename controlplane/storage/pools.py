@@ -5,9 +5,11 @@ from typing import Any
 
 import sqlite_utils
 
+from controlplane.storage.rows import one, rows
+
 
 def get_pool(db: sqlite_utils.Database, pool_id: str) -> dict[str, Any] | None:
-    return next(db.query("SELECT * FROM pools WHERE id = ?", [pool_id]), None)
+    return one(db, "SELECT * FROM pools WHERE id = ?", [pool_id])
 
 
 def insert_pool(db: sqlite_utils.Database, row: Mapping[str, Any]) -> None:
@@ -35,30 +37,30 @@ def archive_pool(db: sqlite_utils.Database, pool_id: str, at: str) -> None:
 
 
 def pools_owned_by(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
-    return list(db.query("SELECT * FROM pools WHERE owner_tenant_id = ? ORDER BY id", [tenant_id]))
+    return rows(db, "SELECT * FROM pools WHERE owner_tenant_id = ? ORDER BY id", [tenant_id])
 
 
 # --- authz projection ------------------------------------------------------
 
 
-def authz_row(db: sqlite_utils.Database, tenant_id: str, pool_id: str) -> dict[str, Any] | None:
-    return next(
-        db.query(
-            "SELECT * FROM pool_authz WHERE tenant_id = ? AND pool_id = ?", [tenant_id, pool_id]
-        ),
-        None,
-    )
+# The pool's columns plus the tenant's authz row, which decisions read.
+_WITH_AUTHZ = (
+    "SELECT p.*, a.gpu_model AS authz_gpu_model, a.class AS authz_class, "
+    "a.sharing AS authz_sharing, a.region AS authz_region, a.owned AS authz_owned "
+    "FROM pool_authz a JOIN pools p ON p.id = a.pool_id WHERE a.tenant_id = ?"
+)
+
+
+def pool_for_tenant(
+    db: sqlite_utils.Database, tenant_id: str, pool_id: str
+) -> dict[str, Any] | None:
+    """The pool with the tenant's authz row, or None when the tenant has no row for it."""
+    return one(db, _WITH_AUTHZ + " AND a.pool_id = ?", [tenant_id, pool_id])
 
 
 def visible_pools(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
     """Pools with an authz row for the tenant (owned, or offered and not archived)."""
-    return list(
-        db.query(
-            "SELECT p.*, a.region AS authz_region FROM pool_authz a JOIN pools p ON p.id = a.pool_id "
-            "WHERE a.tenant_id = ? ORDER BY p.id",
-            [tenant_id],
-        )
-    )
+    return rows(db, _WITH_AUTHZ + " ORDER BY p.id", [tenant_id])
 
 
 def put_authz(
@@ -89,18 +91,15 @@ def delete_authz(db: sqlite_utils.Database, tenant_id: str, pool_id: str) -> Non
 
 
 def offers_of(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
-    return list(
-        db.query("SELECT * FROM pool_offers WHERE pool_id = ? ORDER BY to_tenant_id", [pool_id])
-    )
+    return rows(db, "SELECT * FROM pool_offers WHERE pool_id = ? ORDER BY to_tenant_id", [pool_id])
 
 
 def offers_to(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
-    return list(
-        db.query(
-            "SELECT o.*, p.owner_tenant_id FROM pool_offers o JOIN pools p ON p.id = o.pool_id "
-            "WHERE o.to_tenant_id = ? ORDER BY o.pool_id",
-            [tenant_id],
-        )
+    return rows(
+        db,
+        "SELECT o.*, p.owner_tenant_id FROM pool_offers o JOIN pools p ON p.id = o.pool_id "
+        "WHERE o.to_tenant_id = ? ORDER BY o.pool_id",
+        [tenant_id],
     )
 
 
@@ -148,12 +147,12 @@ def quota_rows(
         ids = list(pool_ids)
         sql += f" AND pool_id IN ({', '.join('?' * len(ids))})"
         params.extend(ids)
-    return list(db.query(sql + " ORDER BY pool_id, resource", params))
+    return rows(db, sql + " ORDER BY pool_id, resource", params)
 
 
 def pool_quota_rows(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
-    return list(
-        db.query("SELECT * FROM quotas WHERE pool_id = ? ORDER BY tenant_id, resource", [pool_id])
+    return rows(
+        db, "SELECT * FROM quotas WHERE pool_id = ? ORDER BY tenant_id, resource", [pool_id]
     )
 
 
@@ -203,11 +202,10 @@ def zero_quotas(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str
 
 def capacity_rollup(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
     """node_resources summed per resource over the pool's nodes."""
-    return list(
-        db.query(
-            "SELECT r.resource, sum(r.capacity) AS total, sum(r.allocated) AS allocated "
-            "FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ? "
-            "GROUP BY r.resource ORDER BY r.resource",
-            [pool_id],
-        )
+    return rows(
+        db,
+        "SELECT r.resource, sum(r.capacity) AS total, sum(r.allocated) AS allocated "
+        "FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ? "
+        "GROUP BY r.resource ORDER BY r.resource",
+        [pool_id],
     )

@@ -4,6 +4,8 @@ from typing import Any
 
 import sqlite_utils
 
+from controlplane.storage.rows import one, rows
+
 
 def insert_site(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
     db.execute(
@@ -21,10 +23,10 @@ def site_name_taken(db: sqlite_utils.Database, owner: str, name: str) -> bool:
 
 
 def get_site(db: sqlite_utils.Database, site_id: str) -> dict[str, Any] | None:
-    return next(db.query("SELECT * FROM sites WHERE id = ?", [site_id]), None)
+    return one(db, "SELECT * FROM sites WHERE id = ?", [site_id])
 
 
 def list_sites(db: sqlite_utils.Database, owner: str) -> list[dict[str, Any]]:
-    return list(
-        db.query("SELECT * FROM sites WHERE owner_tenant_id = ? ORDER BY created_at, id", [owner])
+    return rows(
+        db, "SELECT * FROM sites WHERE owner_tenant_id = ? ORDER BY created_at, id", [owner]
     )
