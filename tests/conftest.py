@@ -1,5 +1,6 @@
 """The real app on a real SQLite file in tmp_path, and helpers to drive it over HTTP."""
 
+import io
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,7 +33,7 @@ class Api:
         self.token = token
 
     async def call(
-        self, path: str, body: Any, token: str | None = None, raw: bytes | None = None
+        self, path: str, body: Any, token: str | None = None, raw: bytes | io.BytesIO | None = None
     ) -> tuple[int, Any]:
         headers = {"Authorization": f"Bearer {token or self.token}"}
         if raw is not None:
