@@ -15,9 +15,3 @@ class Config:
     reconcile_interval: float = 30.0
     # P8: the attestors the join service runs; joinAttestors may name only these.
     attestors: frozenset[str] = field(default_factory=lambda: frozenset({"join-token"}))
-
-    @classmethod
-    def for_db(cls, db_path: Path, **overrides: object) -> "Config":
-        """Settings with the root token file next to the database, as `serve` defaults it."""
-        token_file = overrides.pop("root_token_file", None) or db_path.parent / "root.token"
-        return cls(db_path=db_path, root_token_file=Path(str(token_file)), **overrides)  # type: ignore[arg-type]

@@ -29,8 +29,7 @@ async def run_server(config: Config) -> None:
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
-    sockets = site._server.sockets if site._server else []  # type: ignore[union-attr]
-    port = sockets[0].getsockname()[1] if sockets else config.port
+    port = runner.addresses[0][1]  # the bound port, also when --listen asked for port 0
     log.info("serving", url=f"http://{config.host}:{port}", db=str(config.db_path))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -138,9 +138,9 @@ async def delete_tenant(store: Store, principal: Principal, req: TenantsDelete) 
                 archived.append(pool["id"])
         withdrawn = []
         for offer in pool_sql.offers_to(db, req.tenant_id):
-            pool = pool_sql.get_pool(db, offer["pool_id"])
-            assert pool is not None
-            withdraw_offer(db, pool, req.tenant_id)
+            offered = pool_sql.get_pool(db, offer["pool_id"])
+            assert offered is not None
+            withdraw_offer(db, offered, req.tenant_id)
             withdrawn.append(offer["pool_id"])
         at = now()
         revoked = iam_sql.revoke_all(db, req.tenant_id, at)

@@ -302,10 +302,11 @@ async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) ->
     def txn(db: sqlite_utils.Database) -> PoolView:
         act_for(db, principal, req.tenant_id)
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
-        if pool["archived_at"] is None:  # A2: archiving again returns it unchanged
-            archive_in_txn(db, pool)
-            pool = pool_sql.get_pool(db, pool["id"])
-            assert pool is not None
-        return pool_view(db, pool, req.tenant_id)
+        if pool["archived_at"] is not None:  # A2: archiving again returns it unchanged
+            return pool_view(db, pool, req.tenant_id)
+        archive_in_txn(db, pool)
+        archived = pool_sql.get_pool(db, pool["id"])
+        assert archived is not None
+        return pool_view(db, archived, req.tenant_id)
 
     return await store.write(txn)
