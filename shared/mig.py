@@ -146,8 +146,11 @@ VARIANTS: dict[str, tuple[Variant, ...]] = {
 
 
 def profiles_for(family: str) -> frozenset[str]:
-    """Every MIG profile name some GPU of the family offers (empty: not MIG-capable)."""
-    return frozenset(p for v in VARIANTS.get(family.upper(), ()) for p in v.profiles)
+    """Every MIG profile name some GPU of the family offers (empty: not MIG-capable).
+
+    Families compare exactly (N1): ``h100`` is not ``H100``.
+    """
+    return frozenset(p for v in VARIANTS.get(family, ()) for p in v.profiles)
 
 
 def _places(variant: Variant, shapes: Sequence[Shape]) -> bool:
@@ -174,7 +177,7 @@ def _places(variant: Variant, shapes: Sequence[Shape]) -> bool:
 def layout_fits(family: str, profiles: Iterable[str]) -> bool:
     """Whether one GPU of some variant of the family can hold exactly these instances."""
     wanted = list(profiles)
-    for variant in VARIANTS.get(family.upper(), ()):
+    for variant in VARIANTS.get(family, ()):
         if not all(p in variant.profiles for p in wanted):
             continue
         shapes = [variant.profiles[p] for p in wanted]

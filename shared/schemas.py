@@ -12,22 +12,27 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from shared.ids import ID_BODY
+from shared.validation import whole
 
-TenantId = Annotated[str, Meta(max_length=128, pattern=r"^[A-Za-z0-9._:-]{1,128}$")]
-PoolId = Annotated[str, Meta(max_length=57, pattern=rf"^pool_{ID_BODY}{{26,52}}$")]
-SiteId = Annotated[str, Meta(max_length=57, pattern=rf"^site_{ID_BODY}{{26,52}}$")]
-CredentialId = Annotated[str, Meta(max_length=57, pattern=rf"^cred_{ID_BODY}{{26,52}}$")]
-ProviderAccountId = Annotated[str, Meta(max_length=58, pattern=rf"^pacct_{ID_BODY}{{26,52}}$")]
-GpuModel = Annotated[str, Meta(max_length=32, pattern=r"^[A-Za-z0-9-]{1,32}$")]
-QuotaKey = Annotated[str, Meta(pattern=r"^[A-Za-z][A-Za-z0-9._-]{0,63}$")]
+TenantId = Annotated[str, Meta(max_length=128, pattern=whole(r"^[A-Za-z0-9._:-]{1,128}$"))]
+PoolId = Annotated[str, Meta(max_length=57, pattern=whole(rf"^pool_{ID_BODY}{{26,52}}$"))]
+SiteId = Annotated[str, Meta(max_length=57, pattern=whole(rf"^site_{ID_BODY}{{26,52}}$"))]
+CredentialId = Annotated[str, Meta(max_length=57, pattern=whole(rf"^cred_{ID_BODY}{{26,52}}$"))]
+ProviderAccountId = Annotated[
+    str, Meta(max_length=58, pattern=whole(rf"^pacct_{ID_BODY}{{26,52}}$"))
+]
+GpuModel = Annotated[str, Meta(max_length=32, pattern=whole(r"^[A-Za-z0-9-]{1,32}$"))]
+QuotaKey = Annotated[str, Meta(pattern=whole(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$"))]
 QuotaValue = Annotated[int, Meta(ge=0, le=2147483647)]
-Quota = dict[QuotaKey, QuotaValue]
-IdempotencyKey = Annotated[str, Meta(max_length=128, pattern=r"^[A-Za-z0-9._~:/+=-]{1,128}$")]
+Quota = Annotated[dict[QuotaKey, QuotaValue], Meta(max_length=64)]
+IdempotencyKey = Annotated[
+    str, Meta(max_length=128, pattern=whole(r"^[A-Za-z0-9._~:/+=-]{1,128}$"))
+]
 Priority = Annotated[int, Meta(ge=-1000, le=1000)]
 DisplayName = Annotated[str, Meta(min_length=1, max_length=200)]
-SiteName = Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-Region = Annotated[str, Meta(max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
-EventType = Annotated[str, Meta(max_length=64, pattern=r"^[a-z]+(\.[a-z]+)+$")]
+SiteName = Annotated[str, Meta(max_length=64, pattern=whole(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"))]
+Region = Annotated[str, Meta(max_length=64, pattern=whole(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"))]
+EventType = Annotated[str, Meta(max_length=64, pattern=whole(r"^[a-z]+(\.[a-z]+)+$"))]
 
 PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
 Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
@@ -36,7 +41,7 @@ SiteKind = Literal["shared", "dedicated", "custom"]
 
 # An IAM action: service:group:verb, where any part may be "*".
 ActionPattern = Annotated[
-    str, Meta(max_length=128, pattern=r"^(\*|[a-z]+(:(\*|[a-zA-Z]+)){0,2}(:\*)?)$")
+    str, Meta(max_length=128, pattern=whole(r"^(\*|[a-z]+(:(\*|[a-zA-Z]+)){0,2}(:\*)?)$"))
 ]
 ResourceType = Literal["compute-fleet", "compute-tenant", "compute-pool", "*"]
 
@@ -168,7 +173,7 @@ class CapacityByPool(PoolScoped):
 
 
 class EventsList(TenantScoped):
-    after: Annotated[int, Meta(ge=0)] = 0
+    after: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
     limit: Annotated[int, Meta(ge=1, le=1000)] = 100
     types: Annotated[list[EventType], Meta(max_length=32)] | UnsetType = UNSET
 

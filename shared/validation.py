@@ -9,6 +9,16 @@ _AT = re.compile(r"^(?P<message>.*?) - at (`key` in )?`\$(?P<path>[^`]*)`$")
 _NAMED = re.compile(r"^Object (missing required|contains unknown) field `(?P<name>[^`]+)`")
 
 
+def whole(pattern: str) -> str:
+    """A ``^…$`` pattern that matches the whole string and nothing after it.
+
+    msgspec matches with ``re.search``, where ``$`` also matches before a final
+    newline (``"acme\n"`` would pass). ``(?!\n)$`` ends at the true end, in Python
+    and in the ECMA regex of JSON Schema alike.
+    """
+    return pattern.removesuffix("$") + r"(?!\n)$"
+
+
 def field_of(exc: msgspec.ValidationError, *, prefix: str = "") -> tuple[str, str]:
     """The offending field as a dotted path (``quota``, ``policy.hugepages.2Mi``) and the message.
 
@@ -20,7 +30,8 @@ def field_of(exc: msgspec.ValidationError, *, prefix: str = "") -> tuple[str, st
     match = _AT.match(text)
     if match:
         text, path = match["message"], match["path"]
-    parts = [p for p in re.split(r"\.|\[[^\]]*\]", path) if p]
+    # `$.a[1].b` → a.1.b; a map value `[...]` names its map.
+    parts = [p for p in re.split(r"\.|\[([0-9]*)[^\]]*\]", path) if p]
     named = _NAMED.match(text)
     if named:
         parts.append(named["name"])

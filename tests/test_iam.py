@@ -194,3 +194,73 @@ async def test_sites_platform_kinds_are_roots(api: Api, db: Path) -> None:
         acme,
     )
     assert (await api.ok("compute/sites/list", {"tenantId": "root"}))["items"] == []
+
+
+async def test_root_statements_decide_acting_for_other_tenants(api: Api, db: Path) -> None:
+    """Root acts for other tenants through compute-fleet, so its statements can forbid that."""
+    await api.tenant("acme")
+    own_only = await api.token_for(
+        "root",
+        [
+            {
+                "effect": "allow",
+                "actions": ["compute:*"],
+                "resources": ["compute-tenant", "compute-pool"],
+            }
+        ],
+    )
+    before = snapshot(db)
+    await api.err(
+        "compute/pools/list", {"tenantId": "acme"}, "PERMISSION_DENIED", "tenantId", own_only
+    )
+    await api.err(
+        "compute/sites/create",
+        {"tenantId": "acme", "name": "x", "region": "eu", "kind": "custom"},
+        "PERMISSION_DENIED",
+        "tenantId",
+        own_only,
+    )
+    assert snapshot(db) == before
+    assert (await api.ok("compute/pools/list", {"tenantId": "root"}, own_only))["items"] == []
+    fleet_reader = await api.token_for(
+        "root",
+        [
+            {"effect": "allow", "actions": ["compute:pools:read"], "resources": ["*"]},
+            {"effect": "deny", "actions": ["compute:sites:*"], "resources": ["compute-fleet"]},
+        ],
+    )
+    await api.ok("compute/pools/list", {"tenantId": "acme"}, fleet_reader)
+    await api.err(
+        "compute/sites/list", {"tenantId": "acme"}, "PERMISSION_DENIED", token=fleet_reader
+    )
+
+
+async def test_quotas_list_hides_pools_the_credential_cannot_read(api: Api) -> None:
+    """A pool that is NOT_FOUND to a credential shows no quota rows either."""
+    await api.tenant("acme")
+    site = await api.site()
+    h100 = (await api.pool(site, gpuModel="H100"))["id"]
+    a100 = (await api.pool(site, gpuModel="A100"))["id"]
+    await api.offer(h100, "acme")
+    await api.offer(a100, "acme")
+    only_a100 = await api.token_for(
+        "acme",
+        [
+            {"effect": "allow", "actions": ["compute:*"], "resources": ["compute-tenant"]},
+            {
+                "effect": "allow",
+                "actions": ["compute:*"],
+                "resources": ["compute-pool"],
+                "conditions": {"gpuModel": ["A100"]},
+            },
+        ],
+    )
+    listed = await api.ok("compute/quotas/list", {"tenantId": "acme"}, only_a100)
+    assert {q["poolId"] for q in listed["items"]} == {a100}
+    await api.err(
+        "compute/quotas/list",
+        {"tenantId": "acme", "poolId": h100},
+        "NOT_FOUND",
+        "poolId",
+        only_a100,
+    )

@@ -52,7 +52,8 @@ def test_mig_profiles_only_for_mig_capable_families() -> None:
     """MIG profiles exist for MIG-capable families only; names are exact, never prefixes."""
     assert "1g.10gb" in profiles_for("H100") and "1g.10gb" not in profiles_for("H200")
     assert profiles_for("L4") == profiles_for("A10") == frozenset()
-    assert "1g.18gb" in profiles_for("h200")
+    assert "1g.18gb" in profiles_for("H200")
+    assert profiles_for("h200") == frozenset()  # N1: families compare exactly
 
 
 def test_p6_validator_failure_reads_policy_prefix_and_names_field() -> None:

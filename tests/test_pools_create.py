@@ -125,7 +125,8 @@ async def test_p4_same_key_different_parameters_is_conflict(
     before = snapshot(db)
     body = {"tenantId": "root", "siteId": site, "class": "metal-host", "idempotencyKey": "k1"}
     body[field] = value
-    await api.err("compute/pools/create", body, "CONFLICT", "idempotencyKey")
+    error = await api.err("compute/pools/create", body, "CONFLICT", "idempotencyKey")
+    assert error["details"]["differs"] == field
     assert snapshot(db) == before
 
 
@@ -147,8 +148,9 @@ async def test_p4_same_key_other_site_or_provider_account_is_conflict(api: Api) 
     )
 
 
-async def test_p4_retry_skips_the_second_iam_decision(api: Api) -> None:
-    """P4: a retry returns the stored pool without a second IAM decision."""
+async def test_p4_retry_skips_the_second_iam_decision(api: Api, db: Path) -> None:
+    """P4: a retry returns the stored pool without a second create decision, but only to a
+    caller that may read it; anyone else learns nothing (NOT_FOUND)."""
     await api.tenant("acme")
     admin = await api.token_for("acme")
     site = await api.site("acme", kind="custom", token=admin)
@@ -156,11 +158,27 @@ async def test_p4_retry_skips_the_second_iam_decision(api: Api) -> None:
     first = await api.ok("compute/pools/create", body, admin)
     reader = await api.token_for(
         "acme",
-        [{"effect": "allow", "actions": ["compute:pools:read"], "resources": ["compute-tenant"]}],
+        [
+            {
+                "effect": "allow",
+                "actions": ["compute:pools:read"],
+                "resources": ["compute-tenant", "compute-pool"],
+            }
+        ],
     )
     # Another caller of the same tenant derives the same id (the caller is the tenant).
     again = await api.ok("compute/pools/create", body, reader)
     assert again["id"] == first["id"]
+    blind = await api.token_for(
+        "acme",
+        [{"effect": "allow", "actions": ["compute:pools:create"], "resources": ["compute-tenant"]}],
+    )
+    before = snapshot(db)
+    await api.err("compute/pools/create", body, "NOT_FOUND", "idempotencyKey", blind)
+    await api.err(
+        "compute/pools/create", {**body, "class": "vps-host"}, "NOT_FOUND", "idempotencyKey", blind
+    )
+    assert snapshot(db) == before
 
 
 async def test_p5_provider_rules(api: Api, db: Path) -> None:
@@ -195,8 +213,10 @@ async def test_p5_provider_rules(api: Api, db: Path) -> None:
         ({"hugepages": {"2Mi": -1}}, "policy.hugepages.2Mi"),
         ({"hugepages": {"4Mi": 2}}, "policy.hugepages.4Mi"),
         ({"overcommit": {"vcpu": 0}}, "policy.overcommit.vcpu"),
+        ({"overcommit": {"vcpu": 0.01}}, "policy.overcommit.vcpu"),
+        ({"overcommit": {"memoryGiB": 1000}}, "policy.overcommit.memoryGiB"),
         ({"hostReserve": {"vcpu": -2}}, "policy.hostReserve.vcpu"),
-        ({"kernelModules": {"load": ["bad name"]}}, "policy.kernelModules.load"),
+        ({"kernelModules": {"load": ["bad name"]}}, "policy.kernelModules.load.0"),
         ({"kernelModules": {"load": ["vfio"], "blacklist": ["vfio"]}}, "policy.kernelModules"),
         ({"cpu": {"governor": "turbo"}}, "policy.cpu.governor"),
         ({"cpu": {"isolate": "8-4"}}, "policy.cpu.isolate"),
@@ -205,10 +225,10 @@ async def test_p5_provider_rules(api: Api, db: Path) -> None:
         ({"gpu": {"computeMode": "shared"}}, "policy.gpu.computeMode"),
         ({"replicas": 4}, "policy.replicas"),
         ({"maxPending": "six hours"}, "policy.maxPending"),
-        ({"acceptance": [{"kind": "diag.unknown"}]}, "policy.acceptance.kind"),
+        ({"acceptance": [{"kind": "diag.unknown"}]}, "policy.acceptance.0.kind"),
         ({"admission": {"budgetCheck": "yes"}}, "policy.admission.budgetCheck"),
         ({"singleTenant": "yes"}, "policy.singleTenant"),
-        ({"prewarmImages": ["Not An Image"]}, "policy.prewarmImages"),
+        ({"prewarmImages": ["Not An Image"]}, "policy.prewarmImages.0"),
         ({"migLayout": {"default": ["3g.40gb"]}}, "policy.migLayout"),
     ],
 )

@@ -27,7 +27,7 @@ async def test_openapi_lists_every_method_with_its_schema(api: Api, config: Conf
     create = document["components"]["schemas"]["PoolsCreate"]
     assert create["additionalProperties"] is False
     assert set(create["required"]) == {"tenantId", "siteId", "class"}
-    assert create["properties"]["siteId"]["pattern"] == ("^site_[0-9a-hjkmnp-tv-z]{26,52}$")
+    assert create["properties"]["siteId"]["pattern"] == r"^site_[0-9a-hjkmnp-tv-z]{26,52}(?!\n)$"
     assert set(create["properties"]["class"]["enum"]) == {
         "metal-host",
         "metal-dedicated",

@@ -295,3 +295,24 @@ async def test_t1_root_cannot_be_deleted_and_children_first(api: Api, db: Path) 
     assert snapshot(db) == before
     await api.ok("iam/tenants/delete", {"tenantId": "acme-dev"})
     await api.ok("iam/tenants/delete", {"tenantId": "acme"})
+
+
+async def test_t1_owner_of_a_withdrawn_offer_gets_pool_unoffered(api: Api) -> None:
+    """T1: withdrawing an offer made to a deleted tenant emits pool.unoffered to the pool's owner."""
+    await api.tenant("acme")
+    await api.tenant("beta")
+    beta = await api.token_for("beta")
+    site = await api.site("beta", kind="custom", token=beta)
+    pool = (await api.pool(site, tenant_id="beta", token=beta))["id"]
+    await api.ok(
+        "compute/pools/offer",
+        {"tenantId": "beta", "poolId": pool, "toTenantId": "acme", "quota": {"gpu": 2}},
+        beta,
+    )
+    await api.ok("iam/tenants/delete", {"tenantId": "acme"})
+    seen = await api.ok(
+        "compute/events/list", {"tenantId": "beta", "types": ["pool.unoffered"]}, beta
+    )
+    assert [(e["poolId"], e["data"]) for e in seen["items"]] == [(pool, {"toTenantId": "acme"})]
+    owner = await api.ok("compute/pools/get", {"tenantId": "beta", "poolId": pool}, beta)
+    assert owner["offers"] == [] and owner["archived"] is False

@@ -40,8 +40,14 @@ class Method:
 
 
 def read(fn: Callable[[Any, Principal, Any], msgspec.Struct]) -> Call:
-    """A read service runs on the reader connection, on the event loop: no thread hop."""
-    return lambda store, principal, body: fn(store.reader, principal, body)
+    """A read service runs on the reader connection, on the event loop (no thread hop),
+    in one read transaction so that a pool and its quota rows come from the same write."""
+
+    def call(store: Store, principal: Principal, body: Any) -> msgspec.Struct:
+        with store.snapshot() as db:
+            return fn(db, principal, body)
+
+    return call
 
 
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:

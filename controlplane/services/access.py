@@ -10,11 +10,17 @@ from controlplane.storage import pools as pool_sql
 from shared.errors import NotFound, PermissionDenied
 
 
-def act_for(db: sqlite_utils.Database, principal: Principal, tenant_id: str) -> None:
-    """The credential may act for ``tenant_id`` (its own, or any for root), which must exist."""
-    if not principal.acts_for(tenant_id):
+def act_for(db: sqlite_utils.Database, principal: Principal, tenant_id: str, action: str) -> None:
+    """The credential may act for ``tenant_id``, which must exist.
+
+    A credential acts for its own tenant. Root's act for any tenant through
+    ``compute-fleet``, so a root credential's statements decide that too.
+    """
+    if principal.tenant_id == tenant_id:
+        return
+    if not principal.acts_for(tenant_id) or not decide(principal, action, "compute-fleet"):
         raise PermissionDenied("this credential may not act for that tenant", field="tenantId")
-    if principal.tenant_id != tenant_id and iam_sql.get_tenant(db, tenant_id) is None:
+    if iam_sql.get_tenant(db, tenant_id) is None:
         raise NotFound("tenant not found", field="tenantId")
 
 

@@ -11,7 +11,7 @@ from shared.schemas import EventList, EventsList, EventView
 
 
 def list_events(db: sqlite_utils.Database, principal: Principal, req: EventsList) -> EventList:
-    act_for(db, principal, req.tenant_id)
+    act_for(db, principal, req.tenant_id, "compute:events:read")
     require(principal, "compute:events:read", "compute-tenant")
     fleet = principal.is_root and req.tenant_id == principal.tenant_id
     rows = events.list_events(

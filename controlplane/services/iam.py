@@ -180,7 +180,7 @@ async def create_credential(
     token = new_token()
 
     def txn(db: sqlite_utils.Database) -> CredentialCreated:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "iam:credentials:create")
         credential_id = new_id("cred")
         name = None if req.name is UNSET else req.name
         iam_sql.insert_credential(
@@ -204,7 +204,7 @@ async def revoke_credential(
     _require_admin(principal)
 
     def txn(db: sqlite_utils.Database) -> CredentialRevoked:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "iam:credentials:revoke")
         if not iam_sql.credential_exists(db, req.tenant_id, req.credential_id):
             raise NotFound("credential not found", field="credentialId")
         revoked = iam_sql.revoke_credential(db, req.tenant_id, req.credential_id, now()) > 0

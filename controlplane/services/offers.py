@@ -4,8 +4,8 @@ import msgspec
 import sqlite_utils
 from msgspec import UNSET
 
-from controlplane.iam.decide import Principal
-from controlplane.services.access import act_for, owned_pool, require
+from controlplane.iam.decide import Principal, decide
+from controlplane.services.access import act_for, authz_attrs, owned_pool, require
 from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
@@ -57,7 +57,7 @@ def _check_offer_rules(
 
 async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> PoolView:
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "compute:pools:share")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -73,13 +73,18 @@ async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> Poo
             pool_sql.put_authz(db, target, pool, site["region"])  # O5
         for resource, maximum in req.quota.items():
             pool_sql.set_quota(db, pool["id"], target, resource, maximum, at)  # O2
+        stored = {
+            row["resource"]: row["max"]
+            for row in pool_sql.quota_rows(db, target, [pool["id"]])
+            if row["resource"] in req.quota
+        }
         events.append(
             db,
             "pool.offered",
             pool_id=pool["id"],
             data={
                 "toTenantId": target,
-                "quota": dict(req.quota),
+                "quota": stored,
                 "includeDescendants": req.include_descendants,
                 "priority": req.priority,
             },
@@ -109,7 +114,7 @@ def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: s
 
 async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) -> Unoffered:
     def txn(db: sqlite_utils.Database) -> Unoffered:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "compute:pools:share")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
         if req.to_tenant_id == pool["owner_tenant_id"]:
             raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
@@ -122,7 +127,7 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
     """The owner sets a tenant's quota rows; quota.updated when a row changes (E1)."""
 
     def txn(db: sqlite_utils.Database) -> QuotaList:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "compute:quotas:manage")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -152,9 +157,13 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
 
 def list_quotas(db: sqlite_utils.Database, principal: Principal, req: QuotasList) -> QuotaList:
     """The caller tenant's own rows, on pools it can still see."""
-    act_for(db, principal, req.tenant_id)
+    act_for(db, principal, req.tenant_id, "compute:quotas:read")
     require(principal, "compute:quotas:read", "compute-tenant")
-    visible = {p["id"] for p in pool_sql.visible_pools(db, req.tenant_id)}
+    visible = {
+        pool["id"]
+        for pool in pool_sql.visible_pools(db, req.tenant_id)
+        if decide(principal, "compute:quotas:read", "compute-pool", authz_attrs(pool))
+    }
     if req.pool_id is not UNSET:
         if req.pool_id not in visible:
             raise NotFound("pool not found", field="poolId")

@@ -34,7 +34,14 @@ from shared.schemas import (
 )
 
 UNLIMITED_GPUS = {"gpu": 2147483647}  # P3: the owner's default quota
-IDEMPOTENT_FIELDS = ("site_id", "class", "sharing", "agent", "provider_account_id")
+# P4: what a retry under the same key must repeat; column → API name.
+IDEMPOTENT_FIELDS = {
+    "site_id": "siteId",
+    "class": "class",
+    "sharing": "sharing",
+    "agent": "agent",
+    "provider_account_id": "providerAccountId",
+}
 
 
 def check_policy(
@@ -97,16 +104,19 @@ async def create_pool(
     gpu_model = None if req.gpu_model is UNSET else req.gpu_model
 
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "compute:pools:create")
         if req.idempotency_key is UNSET:
             pool_id = new_id("pool")
         else:
             # P4: the id is derived, and a retry returns the stored pool without a second decision.
             pool_id = derived_id("pool", req.tenant_id, principal.tenant_id, req.idempotency_key)
-            stored = pool_sql.get_pool(db, pool_id)
+            stored = pool_sql.pool_for_tenant(db, req.tenant_id, pool_id)
             if stored is not None:
-                for name in IDEMPOTENT_FIELDS:
-                    if stored[name] != fields[name]:
+                # A retry may see the pool only as a read would: never reveal it otherwise.
+                if not decide(principal, "compute:pools:read", "compute-pool", authz_attrs(stored)):
+                    raise NotFound("pool not found", field="idempotencyKey")
+                for column, name in IDEMPOTENT_FIELDS.items():
+                    if stored[column] != fields[column]:
                         raise Conflict(
                             "idempotencyKey was used with different parameters",
                             field="idempotencyKey",
@@ -162,14 +172,14 @@ async def create_pool(
 
 
 def get_pool(db: sqlite_utils.Database, principal: Principal, req: PoolsGet) -> PoolView:
-    act_for(db, principal, req.tenant_id)
+    act_for(db, principal, req.tenant_id, "compute:pools:read")
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:read")
     return pool_view(db, pool, req.tenant_id)
 
 
 def list_pools(db: sqlite_utils.Database, principal: Principal, req: PoolsList) -> PoolList:
     """L1: owned or offered pools, each decided as compute:pools:read on the pool."""
-    act_for(db, principal, req.tenant_id)
+    act_for(db, principal, req.tenant_id, "compute:pools:read")
     if not decide(principal, "compute:pools:read", "compute-tenant"):
         raise PermissionDenied("compute:pools:read is not allowed on this tenant")
     pools = [
@@ -187,7 +197,7 @@ def pool_capacity(
     db: sqlite_utils.Database, principal: Principal, req: PoolsCapacity
 ) -> CapacityList:
     """L3: one rollup row per resource; the same answer as capacity/byPool."""
-    act_for(db, principal, req.tenant_id)
+    act_for(db, principal, req.tenant_id, "compute:capacity:read")
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
     return CapacityList(
         items=[
@@ -220,7 +230,7 @@ async def update_pool(
         raise InvalidInput("give policy, gpuModel or both", field="policy")
 
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "compute:pools:manage")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -300,7 +310,7 @@ def archive_in_txn(
 
 async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) -> PoolView:
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id)
+        act_for(db, principal, req.tenant_id, "compute:pools:manage")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
         if pool["archived_at"] is not None:  # A2: archiving again returns it unchanged
             return pool_view(db, pool, req.tenant_id)

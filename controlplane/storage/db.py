@@ -8,8 +8,9 @@ lets run beside the writer.
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -44,6 +45,15 @@ class Store:
         migrate(self._writer_db)
         self.reader = connect(path)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+
+    @contextmanager
+    def snapshot(self) -> Iterator[sqlite_utils.Database]:
+        """A read transaction: every statement inside sees the same committed state."""
+        self.reader.execute("BEGIN")
+        try:
+            yield self.reader
+        finally:
+            self.reader.execute("COMMIT")
 
     def transact(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
         """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction on the calling thread."""

@@ -11,25 +11,29 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-Ratio = Annotated[float, Meta(gt=0)]
-ModuleName = Annotated[str, Meta(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+from shared.validation import whole
+
+Ratio = Annotated[float, Meta(ge=0.1, le=100)]  # N4: 0.1…100
+ModuleName = Annotated[str, Meta(pattern=whole(r"^[A-Za-z0-9_-]{1,64}$"))]
 ModuleOptions = Annotated[
-    str, Meta(max_length=1024, pattern=r"^[A-Za-z0-9_]+=\S+( [A-Za-z0-9_]+=\S+)*$")
+    str, Meta(max_length=1024, pattern=whole(r"^[A-Za-z0-9_]+=\S+( [A-Za-z0-9_]+=\S+)*$"))
 ]
-CpuList = Annotated[str, Meta(max_length=256, pattern=r"^\d+(-\d+)?(,\d+(-\d+)?)*$")]
-Duration = Annotated[str, Meta(max_length=16, pattern=r"^[1-9][0-9]{0,5}(s|m|h|d)$")]
+CpuList = Annotated[str, Meta(max_length=256, pattern=whole(r"^\d+(-\d+)?(,\d+(-\d+)?)*$"))]
+Duration = Annotated[str, Meta(max_length=16, pattern=whole(r"^[1-9][0-9]{0,5}(s|m|h|d)$"))]
 ImageRef = Annotated[
     str,
     Meta(
         max_length=512,
-        pattern=r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-        r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$",
+        pattern=whole(
+            r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
+            r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+        ),
     ),
 ]
 MigProfile = Annotated[
-    str, Meta(max_length=32, pattern=r"^([1-9]c\.)?[1-9]g\.[0-9]+gb([+-][a-z.]+)?$")
+    str, Meta(max_length=32, pattern=whole(r"^([1-9]c\.)?[1-9]g\.[0-9]+gb([+-][a-z.]+)?$"))
 ]
-MigKey = Annotated[str, Meta(pattern=r"^(default|GPU-[0-9a-fA-F-]{36})$")]
+MigKey = Annotated[str, Meta(pattern=whole(r"^(default|GPU-[0-9a-fA-F-]{36})$"))]
 
 
 class Section(Struct, forbid_unknown_fields=True):
@@ -84,12 +88,13 @@ class Kubernetes(Section):
 
     apiServer: (
         Annotated[
-            str, Meta(max_length=256, pattern=r"^https://[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?/?$")
+            str,
+            Meta(max_length=256, pattern=whole(r"^https://[A-Za-z0-9.:\[\]-]+(:[0-9]{1,5})?/?$")),
         ]
         | UnsetType
     ) = UNSET
-    token: Annotated[str, Meta(pattern=r"^[a-z0-9]{6}\.[a-z0-9]{16}$")] | UnsetType = UNSET
-    caCertHash: Annotated[str, Meta(pattern=r"^sha256:[a-f0-9]{64}$")] | UnsetType = UNSET
+    token: Annotated[str, Meta(pattern=whole(r"^[a-z0-9]{6}\.[a-z0-9]{16}$"))] | UnsetType = UNSET
+    caCertHash: Annotated[str, Meta(pattern=whole(r"^sha256:[a-f0-9]{64}$"))] | UnsetType = UNSET
 
 
 class Admission(Section):
@@ -118,7 +123,7 @@ class Policy(Struct, kw_only=True):
     singleTenant: bool | UnsetType = UNSET
     joinAttestors: (
         Annotated[
-            list[Annotated[str, Meta(pattern=r"^[a-z0-9][a-z0-9.-]{0,63}$")]],
+            list[Annotated[str, Meta(pattern=whole(r"^[a-z0-9][a-z0-9.-]{0,63}$"))]],
             Meta(min_length=1, max_length=16),
         ]
         | UnsetType
