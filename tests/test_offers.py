@@ -62,6 +62,8 @@ async def test_o2_max_below_used_is_raised_to_used(api: Api, db: Path) -> None:
     execute(db, "UPDATE quotas SET used = 12 WHERE tenant_id = 'acme'")
     seen = await api.offer(pool, "acme", {"gpu": 4})
     assert [(q["max"], q["used"], q["available"]) for q in seen["quotas"]] == [(12, 12, 0)]
+    offered = await api.ok("compute/events/list", {"tenantId": "root", "types": ["pool.offered"]})
+    assert offered["items"][-1]["data"]["quota"] == {"gpu": 12}  # the stored max, not the asked one
     rows = await api.ok(
         "compute/quotas/set",
         {"tenantId": "root", "poolId": pool, "forTenantId": "acme", "quota": {"gpu": 3}},
