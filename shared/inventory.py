@@ -1,0 +1,90 @@
+"""The host inventory an agent reports: what the control plane turns into capacity.
+
+Built by the agent from NVML (GPUs, MIG instances) and psutil/sysfs (CPUs,
+memory, huge pages, filesystems), sent on join and on every report. Sizes are
+bytes, power is watts, and a fact the host could not give is null.
+"""
+
+from typing import Annotated
+
+from msgspec import Meta, Struct
+
+Count = Annotated[int, Meta(ge=0)]
+Text = Annotated[str, Meta(max_length=256)]
+
+
+class Wire(Struct, rename="camel", forbid_unknown_fields=True, kw_only=True):
+    """Inventory parts: camelCase on the wire, unknown fields refused."""
+
+
+class MigInstance(Wire):
+    uuid: Text
+    profile: Text  # e.g. "1g.10gb", the text after " MIG " in the MIG device's NVML name
+    gpu_instance_id: Count
+    compute_instance_id: Count
+    memory_bytes: Count | None = None
+
+
+class Gpu(Wire):
+    index: Count
+    uuid: Text
+    name: Text  # nvmlDeviceGetName(), exactly
+    family: Text | None  # derived from the name (shared.gpu.family_of); None: not a pool member
+    memory_bytes: Count
+    serial: Text | None = None
+    pci_bus_id: Text | None = None  # "00000000:18:00.0"
+    pci_device_id: Count | None = None  # (device << 16) | 0x10DE
+    compute_capability: Text | None = None  # "9.0"
+    mig_supported: bool = False
+    mig_current: bool = False
+    mig_pending: bool = False
+    mig_instances: list[MigInstance] = []
+    persistence_mode: bool | None = None
+    power_limit_w: Annotated[float, Meta(ge=0)] | None = None
+    ecc_current: bool | None = None
+    ecc_pending: bool | None = None
+    ecc_uncorrected_volatile: Count | None = None  # a health signal: non-zero means trouble
+    temperature_c: int | None = None
+
+
+class Nvml(Wire):
+    available: bool
+    error: Text | None = None  # e.g. "NVMLError_LibraryNotFound" when there is no driver
+    driver_version: Text | None = None
+    nvml_version: Text | None = None
+    cuda_driver_version: Text | None = None  # "12.4"
+
+
+class Cpu(Wire):
+    sockets: Count
+    logical_cpus: Count
+    physical_cores: Count | None = None
+    model: Text | None = None
+    vendor: Text | None = None  # "GenuineIntel", "AuthenticAMD", …
+
+
+class HugepagePool(Wire):
+    total: Count  # configured pages
+    free: Count
+
+
+class Hugepages(Wire, rename={"pages_2mi": "2Mi", "pages_1gi": "1Gi"}):
+    pages_2mi: HugepagePool | None = None  # None: the size is not available on this host
+    pages_1gi: HugepagePool | None = None
+
+
+class Filesystem(Wire):
+    path: Text
+    device: Text | None = None
+    total_bytes: Count
+
+
+class Inventory(Wire):
+    machine_id: Annotated[str, Meta(min_length=1, max_length=128)]
+    hostname: Annotated[str, Meta(min_length=1, max_length=253)]
+    cpu: Cpu
+    memory_total_bytes: Count  # MemTotal (psutil.virtual_memory().total)
+    hugepages: Hugepages
+    nvml: Nvml
+    filesystems: Annotated[list[Filesystem], Meta(max_length=256)] = []
+    gpus: Annotated[list[Gpu], Meta(max_length=64)] = []
