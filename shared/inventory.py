@@ -75,8 +75,8 @@ class Hugepages(Wire, rename={"pages_2mi": "2Mi", "pages_1gi": "1Gi"}):
 
 class Filesystem(Wire):
     path: Text
-    device: Text | None = None
     total_bytes: Count
+    device: Text | None = None
 
 
 class Inventory(Wire):
