@@ -1,9 +1,12 @@
 """make_app(config): typed app state, the middleware, the route table, and lifetimes."""
 
+import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from importlib.metadata import version
+from typing import Any
 
 import msgspec
 import structlog
@@ -11,12 +14,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from controlplane.api import iam, pools, quotas, sites
+from controlplane.api import iam, nodes, pools, quotas, sites
 from controlplane.api.method import Method, parse_body
 from controlplane.api.openapi import openapi_document
+from controlplane.capacity.reconciler import run_reconciler
 from controlplane.config import MAX_BODY_BYTES, Config
 from controlplane.iam.decide import Principal
+from controlplane.runtime import Runtime
 from controlplane.services.iam import authenticate, bootstrap
+from controlplane.services.nodes import authenticate_node
 from controlplane.storage.db import Store
 from controlplane.storage.migrations import MIGRATIONS
 from shared.errors import ApiError, InvalidInput, NotFound, Unauthenticated, error_body
@@ -53,24 +59,11 @@ class Metrics:
         )
 
 
-@dataclass
-class Runtime:
-    """What exists only while the app runs: the database, opened and closed by cleanup_ctx."""
-
-    store: Store | None = None
-
-    @property
-    def db(self) -> Store:
-        assert self.store is not None, "the app is not running"
-        return self.store
-
-
-CONFIG = web.AppKey("config", Config)
 RUNTIME = web.AppKey("runtime", Runtime)
 METRICS = web.AppKey("metrics", Metrics)
 METHODS = web.AppKey("methods", tuple)
 OPENAPI = web.AppKey("openapi", bytes)
-PRINCIPAL = web.RequestKey("principal", Principal)  # who is calling, for the log line
+CALLER = web.RequestKey("caller", dict)  # who is calling, for the log line
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -108,7 +101,6 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
             )
         elapsed = time.perf_counter() - started
         response.headers["X-Request-Id"] = request_id
-        principal: Principal | None = request.get(PRINCIPAL)
         metrics = request.app[METRICS]
         route = request.path if request.match_info.route.resource else "unmatched"
         metrics.requests.labels(route, str(response.status)).inc()
@@ -119,8 +111,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
             path=request.path,
             status=response.status,
             ms=round(elapsed * 1000, 3),
-            tenant=principal.tenant_id if principal else None,
-            credential=principal.credential_id if principal else None,
+            **request.get(CALLER, {}),
         )
         return response
     finally:
@@ -137,13 +128,22 @@ def bearer_token(request: web.Request) -> str:
 
 def method_handler(method: Method) -> Handler:
     async def handle(request: web.Request) -> web.Response:
-        store = request.app[RUNTIME].db
-        principal = authenticate(store.reader, bearer_token(request))
-        if principal is None:
-            raise Unauthenticated("unknown, revoked or expired credential")
-        request[PRINCIPAL] = principal
+        runtime = request.app[RUNTIME]
+        caller: Principal | dict[str, Any] | None = None
+        if method.auth == "credential":
+            principal = authenticate(runtime.db.reader, bearer_token(request))
+            if principal is None:
+                raise Unauthenticated("unknown, revoked or expired credential")
+            request[CALLER] = {"tenant": principal.tenant_id, "credential": principal.credential_id}
+            caller = principal
+        elif method.auth == "node":
+            node = authenticate_node(runtime.db.reader, bearer_token(request))
+            if node is None:
+                raise Unauthenticated("unknown node credential")
+            request[CALLER] = {"node": node["id"]}
+            caller = node
         body = await parse_body(request, method.request)
-        return json_response(await method.invoke(store, principal, body))
+        return json_response(await method.invoke(runtime, caller, body))
 
     return handle
 
@@ -171,15 +171,19 @@ async def openapi(request: web.Request) -> web.Response:
     return web.Response(body=request.app[OPENAPI], content_type=JSON)
 
 
-def all_methods(config: Config) -> tuple[Method, ...]:
-    return (*iam.METHODS, *sites.METHODS, *pools.methods(config.attestors), *quotas.METHODS)
+ALL_METHODS: tuple[Method, ...] = (
+    *iam.METHODS,
+    *sites.METHODS,
+    *pools.METHODS,
+    *quotas.METHODS,
+    *nodes.METHODS,
+)
 
 
 def make_app(config: Config) -> web.Application:
     app = web.Application(middlewares=[request_middleware], client_max_size=MAX_BODY_BYTES)
-    methods = all_methods(config)
-    app[CONFIG] = config
-    app[RUNTIME] = Runtime()
+    methods = ALL_METHODS
+    app[RUNTIME] = Runtime(config)
     app[METRICS] = Metrics.create()
     app[METHODS] = methods
     app[OPENAPI] = msgspec.json.encode(openapi_document(methods, version("better-compute")))
@@ -190,16 +194,35 @@ def make_app(config: Config) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/openapi.json", openapi)
     app.cleanup_ctx.append(_store_lifetime)
+    app.cleanup_ctx.append(_reconciler_lifetime)
     return app
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
-    config = app[CONFIG]
+    runtime = app[RUNTIME]
+    config = runtime.config
     config.db_path.parent.mkdir(parents=True, exist_ok=True)
     store = Store(config.db_path)
     if bootstrap(store, config.root_token_file):
         log.info("bootstrapped tenant root", root_token_file=str(config.root_token_file))
-    app[RUNTIME].store = store
+    runtime.store = store
     yield
-    app[RUNTIME].store = None
+    runtime.store = None
     store.close()
+
+
+async def _reconciler_lifetime(app: web.Application) -> AsyncIterator[None]:
+    """The capacity reconciler runs every --reconcile-interval while the app serves."""
+    runtime = app[RUNTIME]
+    task = asyncio.create_task(
+        run_reconciler(
+            runtime.db,
+            runtime.liveness,
+            runtime.config.reconcile_interval,
+            runtime.config.node_lost_after,
+        )
+    )
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

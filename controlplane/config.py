@@ -13,5 +13,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8080
     reconcile_interval: float = 30.0
+    # A ready node not seen for this long is lost (three missed 30 s reports by default).
+    node_lost_after: float = 90.0
     # P8: the attestors the join service runs; joinAttestors may name only these.
     attestors: frozenset[str] = field(default_factory=lambda: frozenset({"join-token"}))

@@ -12,6 +12,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from shared.ids import ID_BODY
+from shared.inventory import Inventory
 from shared.validation import whole
 
 TenantId = Annotated[str, Meta(max_length=128, pattern=whole(r"^[A-Za-z0-9._:-]{1,128}$"))]
@@ -305,3 +306,119 @@ class ErrorDetail(Struct):
 
 class ErrorBody(Struct):
     error: ErrorDetail
+
+
+# --- nodes -----------------------------------------------------------------
+
+NodeId = Annotated[str, Meta(max_length=57, pattern=whole(rf"^node_{ID_BODY}{{26,52}}$"))]
+Hostname = Annotated[
+    str,
+    Meta(
+        max_length=253,
+        pattern=whole(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$"),
+    ),
+]
+Attestor = Annotated[str, Meta(max_length=64, pattern=whole(r"^[a-z0-9][a-z0-9.-]{0,63}$"))]
+
+
+class JoinTokensCreate(PoolScoped):
+    ttl_seconds: Annotated[int, Meta(ge=60, le=30 * 86400)] = 86400
+    max_uses: Annotated[int, Meta(ge=1, le=100_000)] = 1
+
+
+class NodesJoin(Request):
+    join_token: Annotated[str, Meta(min_length=1, max_length=256)]
+    attestor: Attestor
+    hostname: Hostname
+    inventory: Inventory
+
+
+class NodesReport(Request):
+    node_id: NodeId
+    inventory: Inventory
+    applied: dict[str, Any] | UnsetType = UNSET  # per-unit apply results (the NodeSpec issue)
+
+
+class NodesSpec(Request):
+    node_id: NodeId
+
+
+class NodesList(PoolScoped):
+    pass
+
+
+class NodesGet(TenantScoped):
+    node_id: NodeId
+
+
+class JoinTokenCreated(Answer):
+    token: str
+    pool_id: str
+    expires_at: str
+    max_uses: int
+
+
+class NodeJoined(Answer):
+    node_id: str
+    token: str
+    pool_id: str
+    rejoined: bool
+
+
+class Reported(Answer):
+    spec_version: str
+
+
+class NodeSpec(Answer):
+    """What a node should be; the NodeSpec issue adds its configuration units."""
+
+    node_id: str
+    pool_id: str
+    version: str
+    pool_version: int
+    pool_class: str = msgspec.field(name="class")
+    sharing: str
+    gpu_model: str | None
+    policy: dict[str, Any]
+
+
+class ResourceRowView(Answer):
+    resource: str
+    capacity: int
+    allocated: int
+    ratio: float
+
+
+class DeviceView(Answer):
+    device_id: str
+    resource: str
+    gpu_uuid: str
+    profile: str | None
+    allocated: bool
+
+
+class GpuSummary(Answer):
+    index: int
+    uuid: str
+    name: str
+    family: str | None
+    memory_bytes: int
+    mig: bool
+
+
+class NodeView(Answer):
+    id: str
+    pool_id: str
+    hostname: str
+    state: str
+    tenant_owned: bool
+    joined_at: str
+    last_seen_at: str | None
+    gpus: list[GpuSummary]
+    resources: list[ResourceRowView]
+    devices: list[DeviceView]
+    inventory: Inventory | None
+
+
+class NodeList(Answer):
+    items: list[NodeView]

@@ -3,18 +3,22 @@
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from aiohttp import web
 
 from controlplane.config import MAX_BODY_BYTES
 from controlplane.iam.decide import Principal
+from controlplane.runtime import Runtime
 from controlplane.storage.db import Store
 from shared.errors import InvalidInput, PayloadTooLarge
 from shared.validation import field_of
 
-Call = Callable[[Store, Principal, Any], Awaitable[msgspec.Struct] | msgspec.Struct]
+# Who calls: a tenant credential's principal, a node (its row), or nobody (nodes/join).
+Caller = Any
+Call = Callable[[Runtime, Caller, Any], Awaitable[msgspec.Struct] | msgspec.Struct]
+Auth = Literal["credential", "node", "none"]
 
 
 @dataclass(frozen=True)
@@ -26,14 +30,14 @@ class Method:
     answer: type[msgspec.Struct]
     call: Call
     summary: str
-    authenticated: bool = True
+    auth: Auth = "credential"
 
     @property
     def operation_id(self) -> str:
         return self.path.removeprefix("/api/").replace("/", ".")
 
-    async def invoke(self, store: Store, principal: Principal, body: Any) -> msgspec.Struct:
-        result = self.call(store, principal, body)
+    async def invoke(self, runtime: Runtime, caller: Caller, body: Any) -> msgspec.Struct:
+        result = self.call(runtime, caller, body)
         if inspect.isawaitable(result):
             result = await result
         return result
@@ -43,11 +47,16 @@ def read(fn: Callable[[Any, Principal, Any], msgspec.Struct]) -> Call:
     """A read service runs on the reader connection, on the event loop (no thread hop),
     in one read transaction so that a pool and its quota rows come from the same write."""
 
-    def call(store: Store, principal: Principal, body: Any) -> msgspec.Struct:
-        with store.snapshot() as db:
+    def call(runtime: Runtime, principal: Principal, body: Any) -> msgspec.Struct:
+        with runtime.db.snapshot() as db:
             return fn(db, principal, body)
 
     return call
+
+
+def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> Call:
+    """A mutation service runs its transaction on the store's writer."""
+    return lambda runtime, principal, body: fn(runtime.db, principal, body)
 
 
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:

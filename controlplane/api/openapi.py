@@ -46,8 +46,8 @@ def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
                 "default": error,
             },
         }
-        if not method.authenticated:
-            operation["security"] = []
+        if method.auth == "none":
+            operation["security"] = []  # nodes/join carries its join token in the body
         paths[method.path] = {"post": operation}
     return {
         "openapi": "3.1.0",

@@ -1,6 +1,6 @@
 """Quota, capacity and event methods."""
 
-from controlplane.api.method import Method, read
+from controlplane.api.method import Method, read, write
 from controlplane.services import events, offers, pools
 from shared import schemas as s
 
@@ -9,7 +9,7 @@ METHODS = (
         "/api/compute/quotas/set",
         s.QuotasSet,
         s.QuotaList,
-        offers.set_quota,
+        write(offers.set_quota),
         "Set a tenant's quota rows on a pool (owner acting).",
     ),
     Method(

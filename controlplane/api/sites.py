@@ -1,6 +1,6 @@
 """Site methods."""
 
-from controlplane.api.method import Method, read
+from controlplane.api.method import Method, read, write
 from controlplane.services import sites
 from shared import schemas as s
 
@@ -9,7 +9,7 @@ METHODS = (
         "/api/compute/sites/create",
         s.SitesCreate,
         s.SiteView,
-        sites.create_site,
+        write(sites.create_site),
         "Create a site; only root creates shared and dedicated sites.",
     ),
     Method(

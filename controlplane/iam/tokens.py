@@ -7,11 +7,14 @@ brute-force, and lookups stay one indexed read per request.
 import hashlib
 import secrets
 
-TOKEN_PREFIX = "bct_"
+CREDENTIAL_PREFIX = "bct_"  # a tenant's credential
+JOIN_PREFIX = "bcj_"  # a pool's join token
+NODE_PREFIX = "bcn_"  # a node's credential
 
 
-def new_token() -> str:
-    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+def new_token(prefix: str = CREDENTIAL_PREFIX) -> str:
+    """256 random bits; the prefix says what kind of secret a leaked string is."""
+    return prefix + secrets.token_urlsafe(32)
 
 
 def token_hash(token: str) -> bytes:

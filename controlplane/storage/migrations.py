@@ -108,6 +108,46 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (tenant_id, seq)
     ) WITHOUT ROWID;
     """,
+    # 2: join tokens, node identity, credentials, inventory and its facts, GPU atoms.
+    """
+    CREATE TABLE join_tokens (
+        id TEXT PRIMARY KEY,
+        pool_id TEXT NOT NULL REFERENCES pools(id),
+        token_hash BLOB NOT NULL UNIQUE,
+        expires_at TEXT NOT NULL,
+        max_uses INTEGER NOT NULL,
+        uses INTEGER NOT NULL DEFAULT 0,
+        created_at TEXT NOT NULL
+    );
+    ALTER TABLE nodes ADD COLUMN identity TEXT;
+    ALTER TABLE nodes ADD COLUMN machine_id TEXT;
+    ALTER TABLE nodes ADD COLUMN token_hash BLOB;
+    ALTER TABLE nodes ADD COLUMN inventory TEXT;
+    ALTER TABLE nodes ADD COLUMN inventory_hash TEXT;
+    ALTER TABLE nodes ADD COLUMN inventory_rev INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN rows_inventory_rev INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE nodes ADD COLUMN rows_pool_version INTEGER NOT NULL DEFAULT -1;
+    ALTER TABLE nodes ADD COLUMN logical_cpus INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN memory_total_bytes INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN hugepages_2mi INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN hugepages_1gi INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN disk_total_bytes INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN applied TEXT;
+    ALTER TABLE nodes ADD COLUMN last_seen_at TEXT;
+    ALTER TABLE nodes ADD COLUMN updated_at TEXT;
+    CREATE UNIQUE INDEX nodes_identity ON nodes(identity);
+    CREATE UNIQUE INDEX nodes_token ON nodes(token_hash);
+    CREATE INDEX nodes_state_seen ON nodes(state, last_seen_at);
+    CREATE TABLE node_devices (
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        device_id TEXT NOT NULL,
+        resource TEXT NOT NULL,
+        gpu_uuid TEXT NOT NULL,
+        profile TEXT,
+        allocated INTEGER NOT NULL DEFAULT 0 CHECK (allocated IN (0, 1)),
+        PRIMARY KEY (node_id, device_id)
+    ) WITHOUT ROWID;
+    """,
 )
 
 

@@ -201,11 +201,15 @@ def zero_quotas(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str
 
 
 def capacity_rollup(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
-    """node_resources summed per resource over the pool's nodes."""
+    """Per resource over the pool's ready nodes: node_resources summed, plus GPU atoms counted."""
     return rows(
         db,
-        "SELECT r.resource, sum(r.capacity) AS total, sum(r.allocated) AS allocated "
-        "FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ? "
-        "GROUP BY r.resource ORDER BY r.resource",
-        [pool_id],
+        "SELECT resource, sum(total) AS total, sum(allocated) AS allocated FROM ("
+        " SELECT r.resource, r.capacity AS total, r.allocated FROM node_resources r"
+        " JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ? AND n.state = 'ready'"
+        " UNION ALL"
+        " SELECT d.resource, 1 AS total, d.allocated FROM node_devices d"
+        " JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = ? AND n.state = 'ready'"
+        ") GROUP BY resource ORDER BY resource",
+        [pool_id, pool_id],
     )

@@ -1,0 +1,1 @@
+"""Capacity: the resource math (pure), the node_resources reconciler, rollups."""

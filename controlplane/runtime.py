@@ -1,0 +1,21 @@
+"""What exists while the control plane runs: settings, the database, node liveness."""
+
+from dataclasses import dataclass, field
+
+from controlplane.capacity.liveness import Liveness
+from controlplane.config import Config
+from controlplane.storage.db import Store
+
+
+@dataclass
+class Runtime:
+    """Handed to every method; the store is opened and closed by the app's cleanup_ctx."""
+
+    config: Config
+    store: Store | None = None
+    liveness: Liveness = field(default_factory=Liveness)
+
+    @property
+    def db(self) -> Store:
+        assert self.store is not None, "the app is not running"
+        return self.store

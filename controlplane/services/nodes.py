@@ -1,0 +1,386 @@
+"""Nodes: join tokens, joining (N1, P8), reports with cheap liveness, the spec, listing.
+
+A node authenticates with its own credential and sees only itself. A report
+whose inventory is unchanged writes nothing: it stamps liveness in memory
+and the reconciler persists the stamps in batches.
+"""
+
+import hashlib
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+import sqlite_utils
+from msgspec import UNSET
+
+from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.reconciler import reconcile_one
+from controlplane.capacity.resources import HostFacts
+from controlplane.iam.decide import Principal
+from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
+from controlplane.services.access import act_for, owned_pool
+from controlplane.storage import events
+from controlplane.storage import nodes as node_sql
+from controlplane.storage import pools as pool_sql
+from controlplane.storage import sites as site_sql
+from controlplane.storage.db import Store, now
+from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, Unauthenticated
+from shared.ids import new_id
+from shared.inventory import Inventory
+from shared.schemas import (
+    DeviceView,
+    GpuSummary,
+    JoinTokenCreated,
+    JoinTokensCreate,
+    NodeJoined,
+    NodeList,
+    NodesGet,
+    NodesJoin,
+    NodesList,
+    NodeSpec,
+    NodesReport,
+    NodesSpec,
+    NodeView,
+    Reported,
+    ResourceRowView,
+)
+
+# P8: the attestors JoinService runs. Each checks the join request and answers the
+# pool it may join; "join-token" checks a pool-scoped, expiring, limited-use token.
+Attestor = Callable[[sqlite_utils.Database, NodesJoin], dict[str, Any]]
+
+
+def attest_join_token(db: sqlite_utils.Database, req: NodesJoin) -> dict[str, Any]:
+    token = node_sql.join_token(db, token_hash(req.join_token))
+    if token is None or token["expires_at"] <= now() or token["uses"] >= token["max_uses"]:
+        raise Unauthenticated("the join token is unknown, expired or used up")
+    node_sql.use_join_token(db, token["id"])
+    pool = pool_sql.get_pool(db, token["pool_id"])
+    assert pool is not None
+    return pool
+
+
+ATTESTORS: Mapping[str, Attestor] = {"join-token": attest_join_token}
+
+
+def _at(seconds_from_now: float) -> str:
+    moment = datetime.now(UTC) + timedelta(seconds=seconds_from_now)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def create_join_token(
+    store: Store, principal: Principal, req: JoinTokensCreate
+) -> JoinTokenCreated:
+    """Owner only; pool-scoped, expiring, with a use limit; shown once and stored hashed."""
+    token = new_token(JOIN_PREFIX)
+
+    def txn(db: sqlite_utils.Database) -> JoinTokenCreated:
+        act_for(db, principal, req.tenant_id, "compute:nodes:join")
+        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:join")
+        if pool["archived_at"] is not None:
+            raise InvalidState("the pool is archived")
+        if pool["agent"] == "none":
+            raise InvalidState("agents do not join a pool with agent: none")
+        expires_at = _at(req.ttl_seconds)
+        node_sql.insert_join_token(
+            db,
+            {
+                "id": new_id("jtok"),
+                "pool_id": pool["id"],
+                "token_hash": token_hash(token),
+                "expires_at": expires_at,
+                "max_uses": req.max_uses,
+                "created_at": now(),
+            },
+        )
+        return JoinTokenCreated(
+            token=token, pool_id=pool["id"], expires_at=expires_at, max_uses=req.max_uses
+        )
+
+    return await store.write(txn)
+
+
+def check_family(pool: Mapping[str, Any], inventory: Inventory) -> None:
+    """N1: every GPU's family (from its NVML name) is the pool's gpuModel, compared exactly."""
+    model = pool["gpu_model"]
+    members = [(i, gpu) for i, gpu in enumerate(inventory.gpus) if gpu.family is not None]
+    if model is None:
+        if members:
+            i, gpu = members[0]
+            raise InvalidInput(
+                f"the pool takes hosts without GPUs; this host has {gpu.name}",
+                field=f"inventory.gpus.{i}.name",
+            )
+        return
+    if not members:
+        raise InvalidInput(
+            f"the pool holds {model} GPUs; this host has none", field="inventory.gpus"
+        )
+    for i, gpu in members:
+        if gpu.family != model:
+            raise InvalidInput(
+                f"GPU {i} is {gpu.name} (family {gpu.family}); the pool holds {model}",
+                field=f"inventory.gpus.{i}.name",
+            )
+
+
+def identity_of(inventory: Inventory) -> str:
+    """A host is its machine id plus its GPUs: the same host re-joining is the same node."""
+    parts = [inventory.machine_id, *sorted(gpu.uuid for gpu in inventory.gpus)]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
+
+def inventory_hash(inventory: Inventory) -> str:
+    return hashlib.sha256(msgspec.json.encode(inventory)).hexdigest()
+
+
+def passes_acceptance(policy: Mapping[str, Any], inventory: Inventory) -> bool:
+    """`acceptance: [{kind: diag.nvml}]`: NVML answers and no GPU reports uncorrected ECC errors."""
+    kinds = {check.get("kind") for check in policy.get("acceptance") or []}
+    if "diag.nvml" not in kinds:
+        return True
+    healthy = all(not gpu.ecc_uncorrected_volatile for gpu in inventory.gpus)
+    return inventory.nvml.available and healthy
+
+
+def _inventory_fields(inventory: Inventory) -> dict[str, Any]:
+    facts = HostFacts.of(inventory)
+    return {
+        "inventory": msgspec.json.encode(inventory).decode(),
+        "inventory_hash": inventory_hash(inventory),
+        "machine_id": inventory.machine_id,
+        **{name: getattr(facts, name) for name in node_sql.FACTS},
+    }
+
+
+async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
+    attestor = ATTESTORS.get(req.attestor)
+    if attestor is None:
+        raise InvalidInput(f"attestor {req.attestor} is not registered", field="attestor")
+    token = new_token(NODE_PREFIX)
+
+    def txn(db: sqlite_utils.Database) -> NodeJoined:
+        pool = attestor(db, req)
+        if pool["archived_at"] is not None:
+            raise InvalidState("the pool is archived")
+        policy = msgspec.json.decode(pool["policy"])
+        allowed = policy.get("joinAttestors") or ["join-token"]
+        if req.attestor not in allowed:
+            raise InvalidInput(f"the pool accepts attestors {allowed}", field="attestor")
+        check_family(pool, req.inventory)
+        at = now()
+        identity = identity_of(req.inventory)
+        state = "ready" if passes_acceptance(policy, req.inventory) else "quarantined"
+        fields = {
+            **_inventory_fields(req.inventory),
+            "hostname": req.hostname,
+            "token_hash": token_hash(token),
+            "state": state,
+            "last_seen_at": at,
+            "updated_at": at,
+        }
+        existing = node_sql.node_by_identity(db, identity)
+        if existing is not None and existing["pool_id"] != pool["id"]:
+            raise Conflict(
+                "this host is already a node of another pool", field="inventory.machineId"
+            )
+        if existing is None:
+            node_id = new_id("node")
+            site = site_sql.get_site(db, pool["site_id"])
+            assert site is not None
+            node_sql.insert_node(
+                db,
+                {
+                    **fields,
+                    "id": node_id,
+                    "pool_id": pool["id"],
+                    "identity": identity,
+                    "tenant_owned": int(site["kind"] == "custom"),
+                    "inventory_rev": 1,
+                    "created_at": at,
+                },
+            )
+        else:
+            node_id = existing["id"]
+            if existing["inventory_hash"] != fields["inventory_hash"]:
+                fields["inventory_rev"] = existing["inventory_rev"] + 1
+            node_sql.update_node(db, node_id, fields)
+        reconcile_one(db, node_id)
+        events.append(
+            db,
+            "node.joined",
+            pool_id=pool["id"],
+            data={
+                "nodeId": node_id,
+                "hostname": req.hostname,
+                "state": state,
+                "rejoined": existing is not None,
+            },
+            audience=[pool["owner_tenant_id"]],
+        )
+        return NodeJoined(
+            node_id=node_id, token=token, pool_id=pool["id"], rejoined=existing is not None
+        )
+
+    return await store.write(txn)
+
+
+def authenticate_node(db: sqlite_utils.Database, token: str) -> dict[str, Any] | None:
+    return node_sql.node_for_token(db, token_hash(token))
+
+
+def spec_version(pool_id: str, pool_version: int, inventory_digest: str | None) -> str:
+    """Moves when the pool's policy or gpuModel (its version) or the node's inventory changes."""
+    seed = f"{pool_id}\x00{pool_version}\x00{inventory_digest}"
+    return hashlib.sha256(seed.encode()).hexdigest()[:16]
+
+
+def _own(node: Mapping[str, Any], node_id: str) -> None:
+    """A node credential sees only its own node."""
+    if node["id"] != node_id:
+        raise NotFound("node not found", field="nodeId")
+
+
+async def report_node(
+    store: Store, liveness: Liveness, node: dict[str, Any], req: NodesReport
+) -> Reported:
+    _own(node, req.node_id)
+    digest = inventory_hash(req.inventory)
+    applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
+    unchanged = digest == node["inventory_hash"] and (applied is None or applied == node["applied"])
+    if unchanged and node["state"] in ("ready", "quarantined"):
+        liveness.seen(node["id"])  # nothing new: no write (liveness is batched)
+        return Reported(spec_version=spec_version(node["pool_id"], node["pool_version"], digest))
+
+    def txn(db: sqlite_utils.Database) -> Reported:
+        current = node_sql.get_node(db, node["id"])
+        pool = pool_sql.get_pool(db, node["pool_id"])
+        assert current is not None and pool is not None
+        at = now()
+        fields: dict[str, Any] = {"last_seen_at": at, "updated_at": at}
+        if applied is not None:
+            fields["applied"] = applied
+        if digest != current["inventory_hash"]:
+            check_family(pool, req.inventory)
+            fields.update(_inventory_fields(req.inventory))
+            fields["inventory_rev"] = current["inventory_rev"] + 1
+        if current["state"] == "lost":
+            policy = msgspec.json.decode(pool["policy"])
+            fields["state"] = "ready" if passes_acceptance(policy, req.inventory) else "quarantined"
+            events.append(
+                db,
+                "node.ready",
+                pool_id=pool["id"],
+                data={
+                    "nodeId": current["id"],
+                    "hostname": current["hostname"],
+                    "state": fields["state"],
+                },
+                audience=[pool["owner_tenant_id"]],
+            )
+        node_sql.update_node(db, current["id"], fields)
+        if "inventory_rev" in fields:
+            reconcile_one(db, current["id"])
+        return Reported(spec_version=spec_version(pool["id"], pool["version"], digest))
+
+    return await store.write(txn)
+
+
+def node_spec(db: sqlite_utils.Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
+    _own(node, req.node_id)
+    pool = pool_sql.get_pool(db, node["pool_id"])
+    assert pool is not None
+    return NodeSpec(
+        node_id=node["id"],
+        pool_id=pool["id"],
+        version=spec_version(pool["id"], pool["version"], node["inventory_hash"]),
+        pool_version=pool["version"],
+        pool_class=pool["class"],
+        sharing=pool["sharing"],
+        gpu_model=pool["gpu_model"],
+        policy=msgspec.json.decode(pool["policy"]),
+    )
+
+
+def _views(
+    db: sqlite_utils.Database, nodes: list[dict[str, Any]], liveness: Liveness
+) -> list[NodeView]:
+    ids = [n["id"] for n in nodes]
+    resources: dict[str, list[ResourceRowView]] = {i: [] for i in ids}
+    devices: dict[str, list[DeviceView]] = {i: [] for i in ids}
+    if ids:
+        for row in node_sql.resource_rows_of(db, ids):
+            resources[row["node_id"]].append(
+                ResourceRowView(
+                    resource=row["resource"],
+                    capacity=row["capacity"],
+                    allocated=row["allocated"],
+                    ratio=row["ratio"],
+                )
+            )
+        for row in node_sql.devices_of(db, ids):
+            devices[row["node_id"]].append(
+                DeviceView(
+                    device_id=row["device_id"],
+                    resource=row["resource"],
+                    gpu_uuid=row["gpu_uuid"],
+                    profile=row["profile"],
+                    allocated=bool(row["allocated"]),
+                )
+            )
+    views = []
+    for node in nodes:
+        inventory = (
+            msgspec.json.decode(node["inventory"], type=Inventory) if node["inventory"] else None
+        )
+        gpus = inventory.gpus if inventory else []
+        views.append(
+            NodeView(
+                id=node["id"],
+                pool_id=node["pool_id"],
+                hostname=node["hostname"],
+                state=node["state"],
+                tenant_owned=bool(node["tenant_owned"]),
+                joined_at=node["created_at"],
+                last_seen_at=liveness.last_seen(node["id"]) or node["last_seen_at"],
+                gpus=[
+                    GpuSummary(
+                        index=g.index,
+                        uuid=g.uuid,
+                        name=g.name,
+                        family=g.family,
+                        memory_bytes=g.memory_bytes,
+                        mig=g.mig_current,
+                    )
+                    for g in gpus
+                ],
+                resources=resources[node["id"]],
+                devices=devices[node["id"]],
+                inventory=inventory,
+            )
+        )
+    return views
+
+
+def list_nodes(
+    db: sqlite_utils.Database, principal: Principal, liveness: Liveness, req: NodesList
+) -> NodeList:
+    """The pool's nodes with their rows; owner only (anyone else NOT_FOUND)."""
+    act_for(db, principal, req.tenant_id, "compute:nodes:read")
+    pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:read")
+    return NodeList(items=_views(db, node_sql.nodes_of_pool(db, pool["id"]), liveness))
+
+
+def get_node(
+    db: sqlite_utils.Database, principal: Principal, liveness: Liveness, req: NodesGet
+) -> NodeView:
+    act_for(db, principal, req.tenant_id, "compute:nodes:read")
+    node = node_sql.get_node(db, req.node_id)
+    if node is None:
+        raise NotFound("node not found", field="nodeId")
+    try:
+        owned_pool(db, principal, req.tenant_id, node["pool_id"], "compute:nodes:read")
+    except NotFound:
+        raise NotFound("node not found", field="nodeId") from None
+    return _views(db, [node], liveness)[0]

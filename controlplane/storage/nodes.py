@@ -1,0 +1,187 @@
+"""SQL for join tokens, nodes, node_resources rows and GPU atoms (node_devices)."""
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlite_utils
+
+from controlplane.storage.rows import one, rows
+
+# --- join tokens -----------------------------------------------------------
+
+
+def insert_join_token(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+    db.execute(
+        "INSERT INTO join_tokens (id, pool_id, token_hash, expires_at, max_uses, created_at) "
+        "VALUES (:id, :pool_id, :token_hash, :expires_at, :max_uses, :created_at)",
+        row,
+    )
+
+
+def join_token(db: sqlite_utils.Database, hashed: bytes) -> dict[str, Any] | None:
+    return one(db, "SELECT * FROM join_tokens WHERE token_hash = ?", [hashed])
+
+
+def use_join_token(db: sqlite_utils.Database, token_id: str) -> None:
+    db.execute("UPDATE join_tokens SET uses = uses + 1 WHERE id = ?", [token_id])
+
+
+# --- nodes -----------------------------------------------------------------
+
+FACTS = ("logical_cpus", "memory_total_bytes", "hugepages_2mi", "hugepages_1gi", "disk_total_bytes")
+
+
+def node_by_identity(db: sqlite_utils.Database, identity: str) -> dict[str, Any] | None:
+    return one(db, "SELECT * FROM nodes WHERE identity = ?", [identity])
+
+
+def get_node(db: sqlite_utils.Database, node_id: str) -> dict[str, Any] | None:
+    return one(db, "SELECT * FROM nodes WHERE id = ?", [node_id])
+
+
+def node_for_token(db: sqlite_utils.Database, hashed: bytes) -> dict[str, Any] | None:
+    """What a report needs to decide it has nothing to write: one indexed read."""
+    return one(
+        db,
+        "SELECT n.id, n.pool_id, n.state, n.inventory_hash, n.applied, p.version AS pool_version "
+        "FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.token_hash = ?",
+        [hashed],
+    )
+
+
+def insert_node(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+    columns = ", ".join(row)
+    values = ", ".join(f":{name}" for name in row)
+    db.execute(f"INSERT INTO nodes ({columns}) VALUES ({values})", row)
+
+
+def update_node(db: sqlite_utils.Database, node_id: str, fields: dict[str, Any]) -> None:
+    assignments = ", ".join(f"{name} = :{name}" for name in fields)
+    db.execute(
+        f"UPDATE nodes SET {assignments} WHERE id = :node_id", {**fields, "node_id": node_id}
+    )
+
+
+def nodes_of_pool(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+    return rows(db, "SELECT * FROM nodes WHERE pool_id = ? ORDER BY hostname, id", [pool_id])
+
+
+def touch(db: sqlite_utils.Database, seen: Iterable[tuple[str, str]]) -> None:
+    """Persist last-seen times in one statement batch: (at, node id) pairs."""
+    db.conn.executemany("UPDATE nodes SET last_seen_at = ? WHERE id = ?", list(seen))
+
+
+def mark_lost(db: sqlite_utils.Database, before: str, at: str) -> list[dict[str, Any]]:
+    """Ready nodes last seen before ``before`` become lost; returns them."""
+    lost = rows(
+        db,
+        "SELECT n.id, n.pool_id, n.hostname, n.last_seen_at, p.owner_tenant_id FROM nodes n "
+        "JOIN pools p ON p.id = n.pool_id WHERE n.state = 'ready' AND n.last_seen_at < ?",
+        [before],
+    )
+    db.conn.executemany(
+        "UPDATE nodes SET state = 'lost', updated_at = ? WHERE id = ?",
+        [(at, n["id"]) for n in lost],
+    )
+    return lost
+
+
+def stale_nodes(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Nodes whose rows were computed from an older inventory or pool version."""
+    return rows(
+        db,
+        "SELECT n.id, n.pool_id, n.inventory, n.inventory_rev, p.version AS pool_version, "
+        f"{', '.join('n.' + f for f in FACTS)}, p.class, p.sharing, p.policy "
+        "FROM nodes n JOIN pools p ON p.id = n.pool_id "
+        "WHERE n.rows_inventory_rev != n.inventory_rev OR n.rows_pool_version != p.version",
+    )
+
+
+def stale_node(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]]:
+    return rows(
+        db,
+        "SELECT n.id, n.pool_id, n.inventory, n.inventory_rev, p.version AS pool_version, "
+        f"{', '.join('n.' + f for f in FACTS)}, p.class, p.sharing, p.policy "
+        "FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?",
+        [node_id],
+    )
+
+
+def mark_rows_current(
+    db: sqlite_utils.Database, node_id: str, inventory_rev: int, pool_version: int
+) -> None:
+    db.execute(
+        "UPDATE nodes SET rows_inventory_rev = ?, rows_pool_version = ? WHERE id = ?",
+        [inventory_rev, pool_version, node_id],
+    )
+
+
+# --- node_resources and node_devices ---------------------------------------
+
+
+def resource_rows(db: sqlite_utils.Database, node_id: str) -> dict[str, dict[str, Any]]:
+    found = rows(db, "SELECT * FROM node_resources WHERE node_id = ?", [node_id])
+    return {row["resource"]: row for row in found}
+
+
+def resource_rows_of(db: sqlite_utils.Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
+    marks = ", ".join("?" * len(node_ids))
+    return rows(
+        db,
+        f"SELECT * FROM node_resources WHERE node_id IN ({marks}) ORDER BY node_id, resource",
+        list(node_ids),
+    )
+
+
+def put_resource(
+    db: sqlite_utils.Database, node_id: str, resource: str, capacity: int, ratio: float
+) -> None:
+    db.execute(
+        "INSERT INTO node_resources (node_id, resource, capacity, allocated, ratio) "
+        "VALUES (?, ?, ?, 0, ?) ON CONFLICT (node_id, resource) DO UPDATE SET "
+        "capacity = excluded.capacity, ratio = excluded.ratio",
+        [node_id, resource, capacity, ratio],
+    )
+
+
+def delete_resource(db: sqlite_utils.Database, node_id: str, resource: str) -> None:
+    db.execute(
+        "DELETE FROM node_resources WHERE node_id = ? AND resource = ? AND allocated = 0",
+        [node_id, resource],
+    )
+
+
+def devices(db: sqlite_utils.Database, node_id: str) -> dict[str, dict[str, Any]]:
+    found = rows(db, "SELECT * FROM node_devices WHERE node_id = ?", [node_id])
+    return {row["device_id"]: row for row in found}
+
+
+def devices_of(db: sqlite_utils.Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
+    marks = ", ".join("?" * len(node_ids))
+    return rows(
+        db,
+        f"SELECT * FROM node_devices WHERE node_id IN ({marks}) ORDER BY node_id, device_id",
+        list(node_ids),
+    )
+
+
+def insert_device(
+    db: sqlite_utils.Database,
+    node_id: str,
+    device_id: str,
+    resource: str,
+    gpu_uuid: str,
+    profile: str | None,
+) -> None:
+    db.execute(
+        "INSERT INTO node_devices (node_id, device_id, resource, gpu_uuid, profile) "
+        "VALUES (?, ?, ?, ?, ?)",
+        [node_id, device_id, resource, gpu_uuid, profile],
+    )
+
+
+def delete_device(db: sqlite_utils.Database, node_id: str, device_id: str) -> None:
+    db.execute(
+        "DELETE FROM node_devices WHERE node_id = ? AND device_id = ? AND allocated = 0",
+        [node_id, device_id],
+    )
