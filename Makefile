@@ -15,10 +15,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: $(STAMP)
-	mkdir -p $(DATA)
 	@echo "better-compute control plane: http://$(LISTEN)  (root token: $(DATA)/root.token)"
-	$(BIN)/better-compute-controlplane serve --db $(DATA)/better-compute.db --listen $(LISTEN) \
-		--root-token-file $(DATA)/root.token
+	$(BIN)/better-compute-controlplane demo --data $(DATA) --listen $(LISTEN)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

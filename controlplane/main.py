@@ -10,6 +10,7 @@ from aiohttp import web
 
 from controlplane.app import make_app
 from controlplane.config import Config
+from controlplane.demo import demo
 from shared.log import configure_logging
 
 log = structlog.get_logger("controlplane")
@@ -61,10 +62,17 @@ def cli() -> None:
 )
 @click.option(
     "--reconcile-interval",
-    type=click.FloatRange(min=1),
+    type=click.FloatRange(min=0.1),
     default=30.0,
     show_default=True,
     help="Seconds between capacity reconciler passes.",
+)
+@click.option(
+    "--node-lost-after",
+    type=click.FloatRange(min=1),
+    default=90.0,
+    show_default=True,
+    help="Seconds without a report after which a ready node is lost.",
 )
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 def serve(
@@ -72,6 +80,7 @@ def serve(
     listen: str,
     root_token_file: Path | None,
     reconcile_interval: float,
+    node_lost_after: float,
     log_format: str,
 ) -> None:
     """Serve the HTTP API on a SQLite database (created and migrated on first start)."""
@@ -83,5 +92,9 @@ def serve(
         host=host,
         port=port,
         reconcile_interval=reconcile_interval,
+        node_lost_after=node_lost_after,
     )
     asyncio.run(run_server(config))
+
+
+cli.add_command(demo)

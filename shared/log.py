@@ -2,6 +2,7 @@
 
 import logging
 import sys
+from typing import TextIO
 
 import msgspec
 import structlog
@@ -14,10 +15,12 @@ def _dumps(event: object, **_: object) -> str:
     return _ENCODER.encode(event).decode()
 
 
-def configure_logging(*, json: bool | None = None, level: int = logging.INFO) -> None:
+def configure_logging(
+    *, json: bool | None = None, level: int = logging.INFO, stream: TextIO = sys.stdout
+) -> None:
     """Configure structlog once per process. ``json=None`` picks by whether stdout is a TTY."""
     if json is None:
-        json = not sys.stdout.isatty()
+        json = not stream.isatty()
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(serializer=_dumps)
         if json
@@ -32,6 +35,6 @@ def configure_logging(*, json: bool | None = None, level: int = logging.INFO) ->
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stdout),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )

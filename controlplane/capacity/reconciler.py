@@ -125,7 +125,9 @@ async def run_reconciler(
         # Drained here, on the event loop that stamps them, and handed to the writer.
         seen = liveness.drain()
         try:
-            stats = await store.write(functools.partial(reconcile_pass, seen=seen, lost_after=lost_after))
+            stats = await store.write(
+                functools.partial(reconcile_pass, seen=seen, lost_after=lost_after)
+            )
         except Exception:
             liveness.restore(seen)
             log.exception("reconciler pass failed")

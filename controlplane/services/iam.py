@@ -1,6 +1,5 @@
 """IAM: bootstrap, authentication, tenants (with the T1 teardown) and credentials."""
 
-import os
 from pathlib import Path
 
 import msgspec
@@ -17,6 +16,7 @@ from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage.db import Store, now
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, PermissionDenied
+from shared.files import write_secret
 from shared.ids import new_id
 from shared.schemas import (
     CredentialCreated,
@@ -28,19 +28,6 @@ from shared.schemas import (
     TenantsDelete,
     TenantView,
 )
-
-
-def write_secret(path: Path, text: str) -> None:
-    """Write a secret file with mode 0600 from the start, replacing any old one atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(temp, 0o600)
-    os.replace(temp, path)
 
 
 def bootstrap(store: Store, token_file: Path) -> bool:
