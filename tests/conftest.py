@@ -95,6 +95,7 @@ class Api:
     ) -> dict[str, Any]:
         body = {"tenantId": tenant_id, "siteId": site_id, "class": "metal-host", "gpuModel": "H100"}
         body.update(fields)
+        body = {k: v for k, v in body.items() if v is not None}  # gpuModel=None: a CPU pool
         return dict(await self.ok("compute/pools/create", body, token))
 
     async def offer(

@@ -1,0 +1,57 @@
+"""Helpers for node tests: recorded hosts as inventories, pools with join tokens, joining."""
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from agent.inventory import collect_inventory
+from shared.inventory import Inventory
+from tests.conftest import Api
+
+FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
+DGX_POLICY = {"hostReserve": {"vcpu": 8, "memoryGiB": 64}, "overcommit": {"vcpu": 2}}
+
+
+def recorded(host: str) -> Inventory:
+    """A recorded host's inventory, taken by the agent's own code through the fake NVML."""
+    return collect_inventory(fixture=FIXTURES, fixture_host=host)
+
+
+def wire(inventory: Inventory) -> Any:
+    return msgspec.to_builtins(inventory)
+
+
+async def pool_with_token(api: Api, max_uses: int = 5, **pool: Any) -> tuple[str, str]:
+    """A root pool on a shared site and a join token for it."""
+    sites = (await api.ok("compute/sites/list", {"tenantId": "root"}))["items"]
+    site = sites[0]["id"] if sites else await api.site()
+    created = await api.pool(site, **pool)
+    token = await api.ok(
+        "compute/joinTokens/create",
+        {"tenantId": "root", "poolId": created["id"], "maxUses": max_uses},
+    )
+    return created["id"], token["token"]
+
+
+async def join(api: Api, token: str, inventory: Inventory) -> tuple[int, Any]:
+    response = await api.client.post(
+        "/api/compute/nodes/join",
+        json={
+            "joinToken": token,
+            "attestor": "join-token",
+            "hostname": inventory.hostname,
+            "inventory": wire(inventory),
+        },
+    )
+    return response.status, await response.json()
+
+
+async def joined(api: Api, token: str, inventory: Inventory) -> dict[str, Any]:
+    status, answer = await join(api, token, inventory)
+    assert status == 200, answer
+    return dict(answer)
+
+
+def rows_of(node: dict[str, Any]) -> dict[str, tuple[int, int, float]]:
+    return {r["resource"]: (r["capacity"], r["allocated"], r["ratio"]) for r in node["resources"]}
