@@ -1,9 +1,129 @@
-"""better-compute-agent: the per-host agent (inventory, join, report and apply arrive with issue 3)."""
+"""better-compute-agent: the per-host agent (DESIGN §6)."""
+
+import asyncio
+import functools
+import signal
+import sys
+from pathlib import Path
 
 import click
+import msgspec
+
+from agent.client import ControlPlaneError
+from agent.inventory import FixtureError, collect_inventory
+from agent.loop import Agent, JoinRefused, Settings
+from agent.state import State
+from shared.log import configure_logging
+
+fixture_option = click.option(
+    "--fixture",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="A recorded host (host-fixtures.json format) served by a fake NVML instead of this machine.",
+)
+fixture_host_option = click.option(
+    "--fixture-host", help="Which host of a fixture file holding several."
+)
+sysfs_option = click.option(
+    "--sysfs-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="Root under which /sys, /proc and /etc are read.",
+)
+
+
+async def _until_signalled(agent: Agent, once: bool) -> None:
+    """Run the agent until it finishes or SIGTERM/SIGINT arrives (then exit 0, as systemd expects)."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        await agent.run(once=once)
+    except asyncio.CancelledError:
+        return
 
 
 @click.group()
 @click.version_option(package_name="better-compute")
 def cli() -> None:
     """The Better Compute host agent."""
+
+
+@cli.command()
+@fixture_option
+@fixture_host_option
+@sysfs_option
+def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) -> None:
+    """Print this host's inventory as JSON (or a recorded host's, with --fixture)."""
+    configure_logging(stream=sys.stderr)  # stdout is the JSON alone
+    try:
+        found = collect_inventory(fixture=fixture, fixture_host=fixture_host, sysfs_root=sysfs_root)
+    except FixtureError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
+    click.echo(msgspec.json.format(msgspec.json.encode(found), indent=2).decode())
+
+
+@cli.command()
+@click.option("--controlplane", required=True, help="The control plane's URL.")
+@click.option(
+    "--join-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="The pool's join token, used on the first start (and to join again if forgotten).",
+)
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@fixture_option
+@fixture_host_option
+@sysfs_option
+@click.option("--interval", type=click.FloatRange(min=0.1), default=30.0, show_default=True)
+@click.option(
+    "--backoff-max",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Longest wait between retries while the control plane is away.",
+)
+@click.option("--dry-run", is_flag=True, help="Fetch and keep the NodeSpec; apply nothing.")
+@click.option("--once", is_flag=True, help="One cycle, then exit.")
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
+def run(
+    controlplane: str,
+    join_token_file: Path,
+    state_dir: Path,
+    fixture: Path | None,
+    fixture_host: str | None,
+    sysfs_root: Path,
+    interval: float,
+    backoff_max: float,
+    dry_run: bool,
+    once: bool,
+    log_format: str,
+) -> None:
+    """Join the pool once, then report inventory and fetch the NodeSpec every interval."""
+    configure_logging(json=None if log_format == "auto" else log_format == "json")
+    settings = Settings(
+        controlplane=controlplane,
+        join_token_file=join_token_file,
+        interval=interval,
+        backoff_cap=backoff_max,
+        dry_run=dry_run,
+    )
+    take = functools.partial(
+        collect_inventory, fixture=fixture, fixture_host=fixture_host, sysfs_root=sysfs_root
+    )
+    if fixture is not None:
+        try:
+            take()  # a fixture it cannot use is a usage error, before anything joins
+        except FixtureError as exc:
+            raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
+    agent = Agent(settings, State(state_dir), take)
+    try:
+        asyncio.run(_until_signalled(agent, once))
+    except JoinRefused as exc:
+        click.echo(f"better-compute-agent: the control plane refused this host: {exc}", err=True)
+        sys.exit(2)
+    except ControlPlaneError as exc:
+        click.echo(f"better-compute-agent: {exc}", err=True)
+        sys.exit(1)

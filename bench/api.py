@@ -52,11 +52,15 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from agent.inventory import collect_inventory
+
 HOST = "127.0.0.1"
 POOLS = 50
 BARE_PATH = "/bare"
-TARGET_ENDPOINT = "pools/get"
-TARGET_RATIO = 0.5
+DGX_FIXTURE = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
+# Targets: pools/get (issue 2) and an unchanged nodes/report (issue 3: one control plane
+# for 300k hosts reporting every 30 s) at half the bare handler's rate or better.
+TARGETS = {"pools/get": 0.5, "nodes/report": 0.5}
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 REQUEST_TIMEOUT_S = 30.0
@@ -200,7 +204,7 @@ async def wait_ready(
 
 
 async def call(
-    session: aiohttp.ClientSession, base: str, path: str, token: str, body: dict[str, Any]
+    session: aiohttp.ClientSession, base: str, path: str, token: str | None, body: dict[str, Any]
 ) -> Any:
     """One setup call: POST /api/<path>; anything but 200 is a SetupError."""
     url = f"{base}/api/{path}"
@@ -218,6 +222,8 @@ async def call(
 class Fixture:
     acme_token: str
     pool_ids: list[str]
+    node_token: str
+    report_body: bytes
 
 
 async def populate(session: aiohttp.ClientSession, base: str, root: str) -> Fixture:
@@ -255,13 +261,46 @@ async def populate(session: aiohttp.ClientSession, base: str, root: str) -> Fixt
             {"tenantId": "root", "poolId": pool_id, "toTenantId": "acme", "quota": {"gpu": 32}},
         )
     credential = await call(session, base, "iam/credentials/create", root, {"tenantId": "acme"})
-    fixture = Fixture(acme_token=credential["token"], pool_ids=pool_ids)
+    node_token, report_body = await join_dgx(session, base, root, site["id"])
+    fixture = Fixture(
+        acme_token=credential["token"],
+        pool_ids=pool_ids,
+        node_token=node_token,
+        report_body=report_body,
+    )
     visible = await call(
         session, base, "compute/pools/list", fixture.acme_token, {"tenantId": "acme"}
     )
     if len(visible["items"]) != POOLS:
         raise SetupError(f"acme sees {len(visible['items'])} pools, expected {POOLS}")
     return fixture
+
+
+async def join_dgx(
+    session: aiohttp.ClientSession, base: str, root: str, site_id: str
+) -> tuple[str, bytes]:
+    """A node joined with the recorded DGX H100's inventory; its token and its report body."""
+    pool = await call(
+        session,
+        base,
+        "compute/pools/create",
+        root,
+        {"tenantId": "root", "siteId": site_id, "class": "metal-host", "gpuModel": "H100"},
+    )
+    join = await call(
+        session, base, "compute/joinTokens/create", root, {"tenantId": "root", "poolId": pool["id"]}
+    )
+    inventory = msgspec.to_builtins(
+        collect_inventory(fixture=DGX_FIXTURE, fixture_host="dgx-h100-01")
+    )
+    body = {
+        "joinToken": join["token"],
+        "attestor": "join-token",
+        "hostname": "dgx-h100-01",
+        "inventory": inventory,
+    }
+    node = await call(session, base, "compute/nodes/join", None, body)
+    return node["token"], encode({"nodeId": node["nodeId"], "inventory": inventory})
 
 
 # --- load ---------------------------------------------------------------------------------------
@@ -382,6 +421,12 @@ def endpoints(bare_base: str, api_base: str, root: str, fixture: Fixture) -> lis
         Endpoint(
             "pools/offer", f"{api_base}/api/compute/pools/offer", root, lambda i: offers[i % 5]
         ),
+        Endpoint(
+            "nodes/report",
+            f"{api_base}/api/compute/nodes/report",
+            fixture.node_token,
+            lambda i: fixture.report_body,
+        ),
     ]
 
 
@@ -465,13 +510,15 @@ def run(options: Options) -> list[Result]:
             )
 
 
-def target_line(results: list[Result]) -> tuple[str, bool]:
-    ratio = next(r.ratio for r in results if r.endpoint == TARGET_ENDPOINT)
-    passed = ratio >= TARGET_RATIO
-    return (
-        f"{TARGET_ENDPOINT} ratio >= {TARGET_RATIO} x bare: {'PASS' if passed else 'FAIL'}",
-        passed,
-    )
+def target_lines(results: list[Result]) -> list[tuple[str, float, bool]]:
+    """One line per target: (text, minimum ratio, met)."""
+    lines = []
+    for endpoint, minimum in TARGETS.items():
+        ratio = next(r.ratio for r in results if r.endpoint == endpoint)
+        passed = ratio >= minimum
+        text = f"{endpoint} ratio >= {minimum} x bare: {'PASS' if passed else 'FAIL'}"
+        lines.append((text, minimum, passed))
+    return lines
 
 
 def print_table(results: list[Result], options: Options, out: TextIO) -> None:
@@ -504,7 +551,8 @@ def print_table(results: list[Result], options: Options, out: TextIO) -> None:
     print("  ".join("-" * w for w in widths), file=out)
     for row in rows:
         print(line(row), file=out)
-    print(target_line(results)[0], file=out)
+    for text, _, _ in target_lines(results):
+        print(text, file=out)
     for r in results:
         if r.first_error is not None:
             print(f"{r.endpoint}: {r.errors} errors, first: {r.first_error}", file=out)
@@ -546,20 +594,18 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as exc:
         print(f"bench: setup failed: {exc}", file=sys.stderr)
         return 2
-    line, passed = target_line(results)
     if options.as_json:
+        targets = target_lines(results)
         document = {
             "seconds": options.seconds,
             "concurrency": options.concurrency,
             "max_requests": options.max_requests,
             "cpus": os.cpu_count(),
             "results": [asdict(r) for r in results],
-            "target": {
-                "endpoint": TARGET_ENDPOINT,
-                "min_ratio": TARGET_RATIO,
-                "passed": passed,
-                "line": line,
-            },
+            "targets": [
+                {"endpoint": endpoint, "min_ratio": minimum, "passed": passed, "line": text}
+                for endpoint, (text, minimum, passed) in zip(TARGETS, targets, strict=True)
+            ],
         }
         print(json.dumps(document, indent=2))
     else:

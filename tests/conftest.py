@@ -2,7 +2,7 @@
 
 import io
 import sqlite3
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestClient
 
 from controlplane.app import make_app
 from controlplane.config import Config
+from tests.daemons import Daemon
 
 TABLES = (
     "tenants",
@@ -145,3 +146,12 @@ async def api(aiohttp_client: Any, config: Config) -> AsyncIterator[Api]:
 @pytest.fixture
 def db(config: Config) -> Path:
     return config.db_path
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[Daemon]:
+    """The real control plane as a subprocess on a free loopback port."""
+    running = Daemon(tmp_path)
+    running.start()
+    yield running
+    running.kill()

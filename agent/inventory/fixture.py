@@ -1,0 +1,542 @@
+"""A recorded host (reference/host-fixtures.json format) served as pynvml and host facts.
+
+``FakeNvml`` answers the pynvml calls the inventory makes the way the driver
+does: the real module's exception classes, constants and struct types; opaque,
+unequal, unhashable handles; reference-counted init; ``Uninitialized`` before
+init; ``NotSupported`` for MIG on GPUs without it; ``NotFound`` for empty MIG
+slots; ``bytes`` strings in ``bytes_mode`` (nvidia-ml-py ≤ 11.510); and failures
+injected per call and per GPU. The privileged GI/CI calls are not faked: the
+inventory does not make them.
+
+The fixture's precomputed ``family`` is never read (``FixtureGpu`` has no such
+field): the inventory derives the family from the name, as it does on hardware.
+"""
+
+import ctypes
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Concatenate, ParamSpec, TypeVar
+
+import msgspec
+from msgspec import Struct
+
+from agent.inventory.host import HostFacts
+from agent.inventory.nvml import load_pynvml
+from shared.inventory import Cpu, Filesystem, HugepagePool, Hugepages
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# --- the fixture format: only the fields the fake serves ------------------------
+
+
+class FixtureError(ValueError):
+    """The fixture file or host cannot be used."""
+
+
+class FixturePci(Struct):
+    busId: str
+    pciDeviceId: str  # "0x233010DE"
+    busIdLegacy: str = ""
+    domain: int = 0
+    bus: int = 0
+    device: int = 0
+    pciSubSystemId: str = "0x0"
+
+
+class FixtureMigInstance(Struct):
+    nvml_name: str
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    memory_total_bytes: int
+    mig_device_index: int
+    multiprocessor_count: int = 0
+    gpu_instance_slice_count: int = 0
+    compute_instance_slice_count: int = 0
+    memory_size_mib: int = 0
+
+
+class FixtureMig(Struct):
+    supported: bool
+    current_mode: int = 0
+    pending_mode: int = 0
+    max_mig_device_count: int = 0
+    instances: list[FixtureMigInstance] = []
+
+
+class FixtureGpu(Struct):
+    index: int
+    name: str
+    uuid: str
+    pci: FixturePci
+    memory_total_bytes: int
+    mig: FixtureMig
+    minor_number: int | None = None
+    serial: str | None = None  # None: GetSerial raises NotSupported (GeForce)
+    cuda_compute_capability: tuple[int, int] | None = None
+    architecture: str | None = None
+    persistence_mode: int | None = None
+    power_management_limit_mw: int | None = None
+    temperature_gpu_c: int | None = None
+    ecc_mode: tuple[int, int] | None = None  # None: GetEccMode raises NotSupported
+    ecc_uncorrected_volatile: int = 0
+
+
+class FixtureNvml(Struct):
+    available: bool
+    init_exception: str | None = None  # "NVMLError_LibraryNotFound"
+    driver_version: str | None = None
+    nvml_version: str | None = None
+    cuda_driver_version: int | None = None
+
+
+class FixtureCpu(Struct):
+    sockets: int
+    logical_cpus: int
+    physical_cores: int | None = None
+    model: str | None = None
+    vendor: str | None = None
+
+
+class FixturePool(Struct):
+    total: int
+    free: int
+
+
+class FixtureHugepages(Struct, rename={"pages_2mi": "2Mi", "pages_1gi": "1Gi"}):
+    pages_2mi: FixturePool | None = None
+    pages_1gi: FixturePool | None = None
+
+
+class FixtureDisk(Struct):
+    path: str
+    total_bytes: int
+    device: str | None = None
+
+
+class FixtureHost(Struct):
+    id: str
+    hostname: str
+    nvml: FixtureNvml
+    cpu: FixtureCpu
+    memory_total_bytes: int
+    hugepages: FixtureHugepages
+    disks: list[FixtureDisk] = []
+    gpus: list[FixtureGpu] = []
+    machine_id: str | None = None
+
+
+def load_host(source: Path | Mapping[str, Any], host_id: str | None = None) -> FixtureHost:
+    """One recorded host: from the whole fixture file (pick ``host_id``) or one host object."""
+    data: Any = source
+    if isinstance(source, Path):
+        try:
+            data = msgspec.json.decode(source.read_bytes())
+        except (OSError, msgspec.DecodeError) as exc:
+            raise FixtureError(f"cannot read fixture {source}: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise FixtureError("a fixture is a JSON object: the whole file or one host")
+    if "hosts" in data:
+        hosts = [h for h in data["hosts"] if isinstance(h, Mapping)]
+        ids = [str(h.get("id")) for h in hosts]
+        if host_id is None and len(hosts) != 1:
+            raise FixtureError(f"the fixture holds several hosts; pick one of {ids}")
+        matches = [h for h in hosts if host_id is None or h.get("id") == host_id]
+        if not matches:
+            raise FixtureError(f"no host {host_id!r} in the fixture; it has {ids}")
+        data = matches[0]
+    elif host_id is not None and data.get("id") != host_id:
+        raise FixtureError(f"the fixture is host {data.get('id')!r}, not {host_id!r}")
+    try:
+        host = msgspec.convert(data, FixtureHost)
+    except msgspec.ValidationError as exc:
+        raise FixtureError(f"fixture host {data.get('id')!r}: {exc}") from exc
+    if [g.index for g in host.gpus] != list(range(len(host.gpus))):
+        raise FixtureError(f"fixture host {host.id!r}: GPU indices must be 0…n-1 in order")
+    return host
+
+
+def host_facts(host: FixtureHost) -> HostFacts:
+    """The recorded host's CPU, memory, huge page, disk and identity facts."""
+    pages = host.hugepages
+    return HostFacts(
+        machine_id=host.machine_id or f"fixture-{host.id}",
+        hostname=host.hostname,
+        cpu=Cpu(
+            sockets=host.cpu.sockets,
+            logical_cpus=host.cpu.logical_cpus,
+            physical_cores=host.cpu.physical_cores,
+            model=host.cpu.model,
+            vendor=host.cpu.vendor,
+        ),
+        memory_total_bytes=host.memory_total_bytes,
+        hugepages=Hugepages(pages_2mi=_pool(pages.pages_2mi), pages_1gi=_pool(pages.pages_1gi)),
+        filesystems=[
+            Filesystem(path=d.path, total_bytes=d.total_bytes, device=d.device) for d in host.disks
+        ],
+    )
+
+
+def _pool(pool: FixturePool | None) -> HugepagePool | None:
+    return HugepagePool(total=pool.total, free=pool.free) if pool is not None else None
+
+
+# --- the fake --------------------------------------------------------------------
+
+
+class _Handle:
+    """An opaque device handle. Like pynvml's ctypes pointers: unequal and unhashable."""
+
+    __slots__ = ("gpu", "mig")
+    __hash__ = None  # type: ignore[assignment]
+
+    def __init__(self, gpu: FixtureGpu, mig: FixtureMigInstance | None = None) -> None:
+        self.gpu = gpu
+        self.mig = mig
+
+
+Failure = BaseException | type[BaseException]
+
+
+def _nvml_call(
+    fn: Callable[Concatenate["FakeNvml", P], R],
+) -> Callable[Concatenate["FakeNvml", P], R]:
+    """Refuse the call before init (``Uninitialized``) and raise any failure injected for it."""
+    name = fn.__name__
+
+    def call(self: "FakeNvml", /, *args: P.args, **kwargs: P.kwargs) -> R:
+        self._enter(name, args[0] if args else None)
+        return fn(self, *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
+_ARCHITECTURES = {
+    "volta": "NVML_DEVICE_ARCH_VOLTA",
+    "turing": "NVML_DEVICE_ARCH_TURING",
+    "ampere": "NVML_DEVICE_ARCH_AMPERE",
+    "ada": "NVML_DEVICE_ARCH_ADA",
+    "hopper": "NVML_DEVICE_ARCH_HOPPER",
+    "blackwell": "NVML_DEVICE_ARCH_BLACKWELL",
+}
+
+
+class FakeNvml:
+    """pynvml's inventory functions over one recorded host.
+
+    ``failures`` maps ``(function name, GPU index or None for any)`` to the
+    exception (class or instance) that call raises, e.g.
+    ``{("nvmlDeviceGetHandleByIndex", 3): pynvml.NVMLError_GpuIsLost}``.
+    ``init_error`` overrides what ``nvmlInit`` raises (default: the fixture's
+    ``init_exception``, or ``LibraryNotFound`` when NVML is not available).
+    Any other pynvml attribute (constants, exception classes, struct types)
+    is the real module's; other pynvml functions do not exist here.
+    """
+
+    def __init__(
+        self,
+        host: FixtureHost,
+        *,
+        bytes_mode: bool = False,
+        failures: Mapping[tuple[str, int | None], Failure] | None = None,
+        init_error: type[Exception] | None = None,
+    ) -> None:
+        real: Any = load_pynvml()
+        self._real = real
+        self._host = host
+        self._bytes = bytes_mode
+        self._failures = dict(failures or {})
+        self._refcount = 0
+        self._init_error = init_error or (
+            None
+            if host.nvml.available
+            else getattr(real, host.nvml.init_exception or "", real.NVMLError_LibraryNotFound)
+        )
+        self._pci_type: Any = _legacy_pci_type(real) if bytes_mode else real.nvmlPciInfo_t
+        # What collect_gpus reads off the module (NvmlApi), spelled out for mypy.
+        self.NVMLError: type[Exception] = real.NVMLError
+        self.NVMLError_NotSupported: type[Exception] = real.NVMLError_NotSupported
+        self.NVMLError_NotFound: type[Exception] = real.NVMLError_NotFound
+        self.NVMLError_InvalidArgument: type[Exception] = real.NVMLError_InvalidArgument
+        self.NVMLError_GpuIsLost: type[Exception] = real.NVMLError_GpuIsLost
+        self.NVML_DEVICE_MIG_ENABLE: int = real.NVML_DEVICE_MIG_ENABLE
+        self.NVML_FEATURE_ENABLED: int = real.NVML_FEATURE_ENABLED
+        self.NVML_TEMPERATURE_GPU: int = real.NVML_TEMPERATURE_GPU
+        self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int = real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        self.NVML_VOLATILE_ECC: int = real.NVML_VOLATILE_ECC
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("nvml") or name.startswith("_"):
+            raise AttributeError(name)  # a function this fake does not serve
+        return getattr(self._real, name)
+
+    # --- plumbing ---
+
+    def _enter(self, name: str, first: object) -> None:
+        if self._refcount == 0:
+            raise self._real.NVMLError_Uninitialized()
+        index = first.gpu.index if isinstance(first, _Handle) else None
+        if name == "nvmlDeviceGetHandleByIndex" and isinstance(first, int):
+            index = first
+        failure = self._failures.get((name, index)) or self._failures.get((name, None))
+        if failure is not None:
+            raise failure() if isinstance(failure, type) else failure
+
+    def _str(self, value: str) -> str | bytes:
+        return value.encode() if self._bytes else value
+
+    def _arg(self, value: str | bytes) -> str:
+        if isinstance(value, str) and self._bytes:
+            # ≤ 11.510 passed arguments straight to ctypes, which refuses str
+            raise ctypes.ArgumentError("argument 1: TypeError: wrong type")
+        return value.decode() if isinstance(value, bytes) else value
+
+    def _any(self, handle: object) -> _Handle:
+        if not isinstance(handle, _Handle):
+            raise self._real.NVMLError_InvalidArgument()
+        return handle
+
+    def _device(self, handle: object) -> FixtureGpu:
+        """The GPU of a full-device handle; per-device facts are refused on MIG handles."""
+        h = self._any(handle)
+        if h.mig is not None:
+            raise self._real.NVMLError_NotSupported()
+        return h.gpu
+
+    def _mig(self, handle: object) -> FixtureMigInstance:
+        h = self._any(handle)
+        if h.mig is None:
+            raise self._real.NVMLError_NotSupported()
+        return h.mig
+
+    def _supported(self, value: R | None) -> R:
+        if value is None:
+            raise self._real.NVMLError_NotSupported()
+        return value
+
+    # --- lifecycle and system ---
+
+    def nvmlInit(self) -> None:
+        self.nvmlInitWithFlags(0)
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        failure = self._failures.get(("nvmlInit", None))
+        if failure is not None:
+            raise failure() if isinstance(failure, type) else failure
+        if self._init_error is not None:
+            raise self._init_error()
+        self._refcount += 1
+
+    @_nvml_call
+    def nvmlShutdown(self) -> None:
+        self._refcount -= 1
+
+    @_nvml_call
+    def nvmlSystemGetDriverVersion(self) -> str | bytes:
+        return self._str(self._supported(self._host.nvml.driver_version))
+
+    @_nvml_call
+    def nvmlSystemGetNVMLVersion(self) -> str | bytes:
+        return self._str(self._supported(self._host.nvml.nvml_version))
+
+    @_nvml_call
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        return self._supported(self._host.nvml.cuda_driver_version)
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self.nvmlSystemGetCudaDriverVersion()
+
+    # --- enumeration ---
+
+    @_nvml_call
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self._host.gpus)
+
+    @_nvml_call
+    def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object:
+        if not 0 <= index < len(self._host.gpus):
+            raise self._real.NVMLError_InvalidArgument()
+        return _Handle(self._host.gpus[index])
+
+    @_nvml_call
+    def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes, /) -> object:
+        wanted = self._arg(uuid)
+        for gpu in self._host.gpus:
+            if gpu.uuid == wanted:
+                return _Handle(gpu)
+        raise self._real.NVMLError_NotFound()
+
+    @_nvml_call
+    def nvmlDeviceGetHandleByPciBusId(self, bus_id: str | bytes, /) -> object:
+        wanted = self._arg(bus_id).upper()
+        for gpu in self._host.gpus:
+            if wanted in (gpu.pci.busId.upper(), gpu.pci.busIdLegacy.upper()):
+                return _Handle(gpu)
+        raise self._real.NVMLError_NotFound()
+
+    @_nvml_call
+    def nvmlDeviceGetIndex(self, handle: object, /) -> int:
+        return self._device(handle).index
+
+    @_nvml_call
+    def nvmlDeviceGetMinorNumber(self, handle: object, /) -> int:
+        gpu = self._device(handle)
+        return gpu.minor_number if gpu.minor_number is not None else gpu.index
+
+    # --- identity and properties ---
+
+    @_nvml_call
+    def nvmlDeviceGetName(self, handle: object, /) -> str | bytes:
+        h = self._any(handle)
+        return self._str(h.mig.nvml_name if h.mig is not None else h.gpu.name)
+
+    @_nvml_call
+    def nvmlDeviceGetUUID(self, handle: object, /) -> str | bytes:
+        h = self._any(handle)
+        return self._str(h.mig.uuid if h.mig is not None else h.gpu.uuid)
+
+    @_nvml_call
+    def nvmlDeviceGetSerial(self, handle: object, /) -> str | bytes:
+        return self._str(self._supported(self._device(handle).serial))
+
+    @_nvml_call
+    def nvmlDeviceGetPciInfo(self, handle: object, /) -> Any:
+        pci = self._device(handle).pci
+        # Built from bytes, so reading .busId runs the binding's own decoding.
+        return self._pci_type(
+            busIdLegacy=(pci.busIdLegacy or pci.busId[4:]).encode(),
+            domain=pci.domain,
+            bus=pci.bus,
+            device=pci.device,
+            pciDeviceId=int(pci.pciDeviceId, 16),
+            pciSubSystemId=int(pci.pciSubSystemId, 16),
+            busId=pci.busId.encode(),
+        )
+
+    def nvmlDeviceGetPciInfo_v3(self, handle: object, /) -> Any:
+        return self.nvmlDeviceGetPciInfo(handle)
+
+    @_nvml_call
+    def nvmlDeviceGetMemoryInfo(self, handle: object, /, version: int | None = None) -> Any:
+        h = self._any(handle)
+        total = h.mig.memory_total_bytes if h.mig is not None else h.gpu.memory_total_bytes
+        if version:
+            return self._real.c_nvmlMemory_v2_t(
+                version=version, total=total, reserved=0, free=total, used=0
+            )
+        return self._real.c_nvmlMemory_t(total=total, free=total, used=0)
+
+    @_nvml_call
+    def nvmlDeviceGetCudaComputeCapability(self, handle: object, /) -> tuple[int, int]:
+        return self._supported(self._device(handle).cuda_compute_capability)
+
+    @_nvml_call
+    def nvmlDeviceGetArchitecture(self, handle: object, /) -> int:
+        arch = _ARCHITECTURES.get(self._device(handle).architecture or "")
+        return int(getattr(self._real, arch or "NVML_DEVICE_ARCH_UNKNOWN"))
+
+    @_nvml_call
+    def nvmlDeviceGetPersistenceMode(self, handle: object, /) -> int:
+        return self._supported(self._device(handle).persistence_mode)
+
+    @_nvml_call
+    def nvmlDeviceGetPowerManagementLimit(self, handle: object, /) -> int:
+        return self._supported(self._device(handle).power_management_limit_mw)
+
+    @_nvml_call
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: object, /) -> int:
+        return self._supported(self._device(handle).power_management_limit_mw)
+
+    @_nvml_call
+    def nvmlDeviceGetTemperature(self, handle: object, sensor: int, /) -> int:
+        if sensor != self._real.NVML_TEMPERATURE_GPU:
+            raise self._real.NVMLError_NotSupported()
+        return self._supported(self._device(handle).temperature_gpu_c)
+
+    def nvmlDeviceGetTemperatureV(self, handle: object, sensor: int, /, version: int = 0) -> int:
+        return self.nvmlDeviceGetTemperature(handle, sensor)
+
+    @_nvml_call
+    def nvmlDeviceGetEccMode(self, handle: object, /) -> list[int]:
+        return list(self._supported(self._device(handle).ecc_mode))
+
+    @_nvml_call
+    def nvmlDeviceGetTotalEccErrors(
+        self, handle: object, error_type: int, counter_type: int, /
+    ) -> int:
+        gpu = self._device(handle)
+        if not gpu.ecc_mode or not gpu.ecc_mode[0]:
+            raise self._real.NVMLError_NotSupported()  # no counters while ECC is off
+        uncorrected = error_type == self._real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+        volatile = counter_type == self._real.NVML_VOLATILE_ECC
+        return gpu.ecc_uncorrected_volatile if uncorrected and volatile else 0
+
+    # --- MIG, unprivileged path ---
+
+    def _mig_config(self, handle: object) -> FixtureMig:
+        mig = self._device(handle).mig
+        if not mig.supported:
+            raise self._real.NVMLError_NotSupported()
+        return mig
+
+    @_nvml_call
+    def nvmlDeviceGetMigMode(self, handle: object, /) -> list[int]:
+        mig = self._mig_config(handle)
+        return [mig.current_mode, mig.pending_mode]
+
+    @_nvml_call
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: object, /) -> int:
+        return self._mig_config(handle).max_mig_device_count
+
+    @_nvml_call
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int, /) -> object:
+        gpu = self._device(handle)
+        mig = self._mig_config(handle)
+        if not mig.current_mode:
+            raise self._real.NVMLError_NotSupported()
+        if not 0 <= index < mig.max_mig_device_count:
+            raise self._real.NVMLError_InvalidArgument()
+        for instance in mig.instances:
+            if instance.mig_device_index == index:
+                return _Handle(gpu, instance)
+        raise self._real.NVMLError_NotFound()  # an empty slot: callers continue
+
+    @_nvml_call
+    def nvmlDeviceIsMigDeviceHandle(self, handle: object, /) -> ctypes.c_uint:
+        # a c_uint object, as pynvml returns: `== 1` is False, `.value` is the answer
+        return ctypes.c_uint(1 if self._any(handle).mig is not None else 0)
+
+    @_nvml_call
+    def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(self, handle: object, /) -> object:
+        h = self._any(handle)
+        if h.mig is None:
+            raise self._real.NVMLError_InvalidArgument()
+        return _Handle(h.gpu)
+
+    @_nvml_call
+    def nvmlDeviceGetGpuInstanceId(self, handle: object, /) -> int:
+        return self._mig(handle).gpu_instance_id
+
+    @_nvml_call
+    def nvmlDeviceGetComputeInstanceId(self, handle: object, /) -> int:
+        return self._mig(handle).compute_instance_id
+
+    @_nvml_call
+    def nvmlDeviceGetAttributes(self, handle: object, /) -> Any:
+        mig = self._mig(handle)
+        return self._real.c_nvmlDeviceAttributes(
+            multiprocessorCount=mig.multiprocessor_count,
+            gpuInstanceSliceCount=mig.gpu_instance_slice_count,
+            computeInstanceSliceCount=mig.compute_instance_slice_count,
+            memorySizeMB=mig.memory_size_mib,
+        )
+
+
+@functools.cache
+def _legacy_pci_type(real: Any) -> type[ctypes.Structure]:
+    """nvmlPciInfo_t as bindings ≤ 11.510 had it: char fields read back as bytes."""
+    fields: Sequence[tuple[str, Any]] = real.nvmlPciInfo_t._fields_
+    return type("nvmlPciInfo_t", (ctypes.Structure,), {"_fields_": list(fields)})

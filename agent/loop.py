@@ -1,0 +1,116 @@
+"""The agent's loop: join once, then every interval take inventory, report, fetch a new spec.
+
+While the control plane is away the agent backs off exponentially with full
+jitter and keeps the last NodeSpec it has. A refused join is final: the agent
+exits non-zero with the control plane's reason.
+"""
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import structlog
+
+from agent.client import ControlPlane, Refused, Unreachable
+from agent.state import NodeCredential, State
+from shared.inventory import Inventory
+
+log = structlog.get_logger("agent")
+
+
+class JoinRefused(Exception):
+    """The control plane refused to let this host join; retrying will not change that."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    controlplane: str
+    join_token_file: Path
+    interval: float = 30.0
+    backoff_base: float = 1.0
+    backoff_cap: float = 60.0
+    dry_run: bool = False
+
+
+class Agent:
+    def __init__(
+        self, settings: Settings, state: State, take_inventory: Callable[[], Inventory]
+    ) -> None:
+        self.settings = settings
+        self.state = state
+        self.take_inventory = take_inventory
+        self.failures = 0
+
+    def backoff(self) -> float:
+        """Full jitter: a random wait up to base × 2^failures, capped."""
+        ceiling = min(self.settings.backoff_cap, self.settings.backoff_base * 2**self.failures)
+        return random.uniform(0, ceiling)
+
+    async def join(self, client: ControlPlane, inventory: Inventory) -> NodeCredential:
+        join_token = (await asyncio.to_thread(self.settings.join_token_file.read_text)).strip()
+        try:
+            answer = await client.join(join_token, inventory.hostname, inventory)
+        except Refused as exc:
+            raise JoinRefused(str(exc)) from exc
+        credential = NodeCredential(
+            answer["nodeId"], answer["token"], answer["poolId"], self.settings.controlplane
+        )
+        self.state.save_credential(credential)
+        log.info(
+            "joined", node=credential.node_id, pool=credential.pool_id, rejoined=answer["rejoined"]
+        )
+        return credential
+
+    async def cycle(self, client: ControlPlane) -> None:
+        """One inventory → (join) → report → spec cycle."""
+        inventory = await asyncio.to_thread(self.take_inventory)
+        credential = self.state.credential()
+        if credential is None:
+            credential = await self.join(client, inventory)
+        try:
+            answer = await client.report(credential.token, credential.node_id, inventory)
+        except Refused as exc:
+            if exc.status != 401:
+                raise
+            # The control plane no longer knows this credential: join again with the token file.
+            log.warning("node credential refused; joining again", node=credential.node_id)
+            self.state.forget_credential()
+            credential = await self.join(client, inventory)
+            answer = await client.report(credential.token, credential.node_id, inventory)
+        spec = self.state.spec()
+        if spec is None or spec.get("version") != answer["specVersion"]:
+            spec = await client.spec(credential.token, credential.node_id)
+            self.state.save_spec(spec)
+            log.info("new spec", version=spec["version"], dry_run=self.settings.dry_run)
+
+    async def run(self, once: bool = False) -> None:
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            client = ControlPlane(self.settings.controlplane, session)
+            while True:
+                try:
+                    await self.cycle(client)
+                except Unreachable as exc:
+                    if once:
+                        raise
+                    wait = self.backoff()
+                    self.failures += 1
+                    log.warning(
+                        "control plane unreachable", error=str(exc), retry_in=round(wait, 2)
+                    )
+                    await asyncio.sleep(wait)
+                    continue
+                except Refused as exc:
+                    # A report refused (e.g. the GPUs changed family): say why, keep the last spec.
+                    if once:
+                        raise
+                    log.error("report refused", error=str(exc))
+                    await asyncio.sleep(self.settings.interval)
+                    continue
+                self.failures = 0
+                if once:
+                    return
+                await asyncio.sleep(self.settings.interval)

@@ -1,0 +1,84 @@
+"""Real daemons as subprocesses on loopback, for end-to-end tests."""
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+DAEMON = Path(sys.executable).parent / "better-compute-controlplane"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Daemon:
+    """One `better-compute-controlplane serve` process with its log in a file."""
+
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        self.workdir = workdir
+        self.extra = extra
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = workdir / "daemon.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    str(DAEMON),
+                    "serve",
+                    "--db",
+                    str(self.workdir / "data" / "bc.db"),
+                    "--listen",
+                    f"127.0.0.1:{self.port}",
+                    "--log-format",
+                    "json",
+                    *self.extra,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise AssertionError("the daemon did not start listening")
+
+    def stop(self) -> int:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=20)
+        self.process = None
+        return code
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+
+    @property
+    def token(self) -> str:
+        return (self.workdir / "data" / "root.token").read_text().strip()
+
+
+async def call(session: aiohttp.ClientSession, url: str, path: str, token: str, body: Any) -> Any:
+    """One API call that must succeed."""
+    async with session.post(
+        f"{url}/api/{path}", json=body, headers={"Authorization": f"Bearer {token}"}
+    ) as response:
+        answer = await response.json()
+        assert response.status == 200, answer
+        return answer
