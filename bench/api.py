@@ -39,6 +39,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -376,7 +377,8 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def summarise(name: str, sample: Sample, elapsed: float, bare_rps: float | None) -> Result:
+def summarise(name: str, sample: Sample, elapsed: float, ratio: float) -> Result:
+    """Totals over all rounds; the ratio is the median of the per-round ratios to bare."""
     latencies = sorted(sample.latencies)
     rps = len(latencies) / elapsed if elapsed > 0 else 0.0
     return Result(
@@ -387,7 +389,7 @@ def summarise(name: str, sample: Sample, elapsed: float, bare_rps: float | None)
         p50_ms=round(percentile(latencies, 50) * 1000, 2),
         p99_ms=round(percentile(latencies, 99) * 1000, 2),
         errors=sample.errors,
-        ratio=round(rps / bare_rps, 3) if bare_rps else 1.0,
+        ratio=round(ratio, 3),
         first_error=sample.first_error,
     )
 
@@ -436,6 +438,7 @@ def endpoints(bare_base: str, api_base: str, root: str, fixture: Fixture) -> lis
 @dataclass(frozen=True)
 class Options:
     seconds: float
+    rounds: int
     concurrency: int
     max_requests: int
     as_json: bool
@@ -460,21 +463,36 @@ async def measure(
         await wait_ready(session, "POST", f"{bare_base}{BARE_PATH}", bare, bare_log)
         root = (workdir / "root.token").read_text().strip()
         fixture = await populate(session, api_base, root)
-        results: list[Result] = []
-        bare_rps: float | None = None
-        for endpoint in endpoints(bare_base, api_base, root, fixture):
+        targets = endpoints(bare_base, api_base, root, fixture)
+        for endpoint in targets:
             await warm_up(session, endpoint, options.concurrency)
-            sample, elapsed = await load(
-                session,
-                endpoint,
-                seconds=options.seconds,
-                concurrency=options.concurrency,
-                max_requests=options.max_requests,
-            )
-            result = summarise(endpoint.name, sample, elapsed, bare_rps)
-            if bare_rps is None:
-                bare_rps = result.rps
-            results.append(result)
+        # Rounds interleave the baseline with every endpoint, so a change in the machine's
+        # state (the other core, the CPU clock) hits both sides of each ratio alike.
+        samples = {e.name: Sample(latencies=[]) for e in targets}
+        elapsed = dict.fromkeys(samples, 0.0)
+        ratios: dict[str, list[float]] = {name: [] for name in samples}
+        for _ in range(options.rounds):
+            bare_rps = 0.0
+            for endpoint in targets:
+                sample, seconds = await load(
+                    session,
+                    endpoint,
+                    seconds=options.seconds / options.rounds,
+                    concurrency=options.concurrency,
+                    max_requests=options.max_requests,
+                )
+                rps = len(sample.latencies) / seconds if seconds > 0 else 0.0
+                bare_rps = bare_rps or rps
+                ratios[endpoint.name].append(rps / bare_rps if bare_rps else 0.0)
+                merged = samples[endpoint.name]
+                merged.latencies += sample.latencies
+                merged.errors += sample.errors
+                merged.first_error = merged.first_error or sample.first_error
+                elapsed[endpoint.name] += seconds
+        results = [
+            summarise(name, samples[name], elapsed[name], statistics.median(ratios[name]))
+            for name in samples
+        ]
         for proc, log in ((api, api_log), (bare, bare_log)):
             if proc.poll() is not None:
                 raise SetupError(
@@ -561,6 +579,9 @@ def print_table(results: list[Result], options: Options, out: TextIO) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=5.0, help="load time per endpoint")
+    parser.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds the load time is split into"
+    )
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent requests")
     parser.add_argument(
         "--max-requests", type=int, default=500_000, help="request cap per endpoint"
@@ -585,6 +606,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     options = Options(
         seconds=args.seconds,
+        rounds=args.rounds,
         concurrency=args.concurrency,
         max_requests=args.max_requests,
         as_json=args.json,

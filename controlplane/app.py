@@ -9,13 +9,14 @@ from importlib.metadata import version
 from typing import Any
 
 import msgspec
+import sqlite_utils
 import structlog
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.api import iam, nodes, pools, quotas, sites
-from controlplane.api.method import Method, parse_body
+from controlplane.api.method import Method, Read, parse_body
 from controlplane.api.openapi import openapi_document
 from controlplane.capacity.reconciler import run_reconciler
 from controlplane.config import MAX_BODY_BYTES, Config
@@ -126,24 +127,45 @@ def bearer_token(request: web.Request) -> str:
     return token.strip()
 
 
+def identify(
+    method: Method,
+    db: sqlite_utils.Database,
+    token: str | None,
+    request: web.Request,
+    runtime: Runtime,
+) -> Principal | dict[str, Any] | None:
+    """Who calls, by the method's kind of credential; UNAUTHENTICATED when unknown."""
+    if method.auth == "credential":
+        assert token is not None
+        principal = authenticate(db, token, runtime.credentials)
+        if principal is None:
+            raise Unauthenticated("unknown, revoked or expired credential")
+        request[CALLER] = {"tenant": principal.tenant_id, "credential": principal.credential_id}
+        return principal
+    if method.auth == "node":
+        assert token is not None
+        node = authenticate_node(db, token)
+        if node is None:
+            raise Unauthenticated("unknown node credential")
+        request[CALLER] = {"node": node["id"]}
+        return node
+    return None
+
+
 def method_handler(method: Method) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         runtime = request.app[RUNTIME]
-        caller: Principal | dict[str, Any] | None = None
-        if method.auth == "credential":
-            principal = authenticate(runtime.db.reader, bearer_token(request))
-            if principal is None:
-                raise Unauthenticated("unknown, revoked or expired credential")
-            request[CALLER] = {"tenant": principal.tenant_id, "credential": principal.credential_id}
-            caller = principal
-        elif method.auth == "node":
-            node = authenticate_node(runtime.db.reader, bearer_token(request))
-            if node is None:
-                raise Unauthenticated("unknown node credential")
-            request[CALLER] = {"node": node["id"]}
-            caller = node
+        token = None if method.auth == "none" else bearer_token(request)
         body = await parse_body(request, method.request)
-        return json_response(await method.invoke(runtime, caller, body))
+        if isinstance(method.call, Read):
+            # No await from here on: the read transaction never spans a suspension.
+            with runtime.db.snapshot() as db:
+                caller = identify(method, db, token, request, runtime)
+                answer = method.call.fn(db, caller, body, runtime)
+        else:
+            caller = identify(method, runtime.db.reader, token, request, runtime)
+            answer = await method.call.fn(runtime, caller, body)
+        return json_response(answer)
 
     return handle
 

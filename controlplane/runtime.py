@@ -4,6 +4,7 @@ from dataclasses import dataclass, field
 
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
+from controlplane.iam.cache import CredentialCache
 from controlplane.storage.db import Store
 
 
@@ -14,6 +15,7 @@ class Runtime:
     config: Config
     store: Store | None = None
     liveness: Liveness = field(default_factory=Liveness)
+    credentials: CredentialCache = field(default_factory=CredentialCache)
 
     @property
     def db(self) -> Store:

@@ -1,6 +1,6 @@
 """IAM methods: tenants and credentials."""
 
-from controlplane.api.method import Method, write
+from controlplane.api.method import Method, Write, write
 from controlplane.services import iam
 from shared import schemas as s
 
@@ -16,7 +16,9 @@ METHODS = (
         "/api/iam/tenants/delete",
         s.TenantsDelete,
         s.TenantDeleted,
-        write(iam.delete_tenant),
+        Write(
+            lambda rt, principal, body: iam.delete_tenant(rt.db, principal, body, rt.credentials)
+        ),
         "Delete a tenant: archive its pools, withdraw offers to it, revoke its credentials (T1).",
     ),
     Method(
@@ -30,7 +32,11 @@ METHODS = (
         "/api/iam/credentials/revoke",
         s.CredentialsRevoke,
         s.CredentialRevoked,
-        write(iam.revoke_credential),
+        Write(
+            lambda rt, principal, body: iam.revoke_credential(
+                rt.db, principal, body, rt.credentials
+            )
+        ),
         "Revoke a credential.",
     ),
 )

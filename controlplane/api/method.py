@@ -1,11 +1,11 @@
 """One API method: its path, request and answer schemas, and the service call behind it."""
 
-import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
+import sqlite_utils
 from aiohttp import web
 
 from controlplane.config import MAX_BODY_BYTES
@@ -17,8 +17,22 @@ from shared.validation import field_of
 
 # Who calls: a tenant credential's principal, a node (its row), or nobody (nodes/join).
 Caller = Any
-Call = Callable[[Runtime, Caller, Any], Awaitable[msgspec.Struct] | msgspec.Struct]
 Auth = Literal["credential", "node", "none"]
+
+
+@dataclass(frozen=True)
+class Read:
+    """A read: runs on the event loop, on the reader connection, inside one read transaction
+    that also authenticates the caller, so a pool and its quota rows come from one write."""
+
+    fn: Callable[[sqlite_utils.Database, Caller, Any, Runtime], msgspec.Struct]
+
+
+@dataclass(frozen=True)
+class Write:
+    """A mutation: its service runs one transaction on the store's writer thread."""
+
+    fn: Callable[[Runtime, Caller, Any], Awaitable[msgspec.Struct]]
 
 
 @dataclass(frozen=True)
@@ -28,7 +42,7 @@ class Method:
     path: str
     request: type[msgspec.Struct]
     answer: type[msgspec.Struct]
-    call: Call
+    call: Read | Write
     summary: str
     auth: Auth = "credential"
 
@@ -36,27 +50,15 @@ class Method:
     def operation_id(self) -> str:
         return self.path.removeprefix("/api/").replace("/", ".")
 
-    async def invoke(self, runtime: Runtime, caller: Caller, body: Any) -> msgspec.Struct:
-        result = self.call(runtime, caller, body)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+
+def read(fn: Callable[[sqlite_utils.Database, Principal, Any], msgspec.Struct]) -> Read:
+    """A read service ``fn(db, principal, body)``."""
+    return Read(lambda db, principal, body, _: fn(db, principal, body))
 
 
-def read(fn: Callable[[Any, Principal, Any], msgspec.Struct]) -> Call:
-    """A read service runs on the reader connection, on the event loop (no thread hop),
-    in one read transaction so that a pool and its quota rows come from the same write."""
-
-    def call(runtime: Runtime, principal: Principal, body: Any) -> msgspec.Struct:
-        with runtime.db.snapshot() as db:
-            return fn(db, principal, body)
-
-    return call
-
-
-def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> Call:
-    """A mutation service runs its transaction on the store's writer."""
-    return lambda runtime, principal, body: fn(runtime.db, principal, body)
+def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> Write:
+    """A mutation service ``fn(store, principal, body)``."""
+    return Write(lambda runtime, principal, body: fn(runtime.db, principal, body))
 
 
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:

@@ -1,6 +1,6 @@
 """The seed's eight pools methods (003)."""
 
-from controlplane.api.method import Method, read, write
+from controlplane.api.method import Method, Write, read, write
 from controlplane.services import offers, pools
 from shared import schemas as s
 
@@ -24,7 +24,11 @@ METHODS = (
         "/api/compute/pools/create",
         s.PoolsCreate,
         s.PoolView,
-        lambda rt, principal, body: pools.create_pool(rt.db, principal, body, rt.config.attestors),
+        Write(
+            lambda rt, principal, body: pools.create_pool(
+                rt.db, principal, body, rt.config.attestors
+            )
+        ),
         "Create a pool on a site the tenant owns; version 1, empty rollup.",
     ),
     Method(
@@ -52,7 +56,11 @@ METHODS = (
         "/api/compute/pools/update",
         s.PoolsUpdate,
         s.PoolView,
-        lambda rt, principal, body: pools.update_pool(rt.db, principal, body, rt.config.attestors),
+        Write(
+            lambda rt, principal, body: pools.update_pool(
+                rt.db, principal, body, rt.config.attestors
+            )
+        ),
         "Replace the policy, the GPU model, or both; version + 1.",
     ),
     Method(

@@ -9,8 +9,8 @@ lost. Every pass is one transaction on the writer.
 
 import asyncio
 import functools
+import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -22,7 +22,7 @@ from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
-from controlplane.storage.db import Store, now
+from controlplane.storage.db import Store, now, timestamp
 from shared.inventory import Inventory
 from shared.policy import parse_policy
 
@@ -89,8 +89,7 @@ def reconcile_pass(
     if seen:
         node_sql.touch(db, seen)
     at = now()
-    cutoff = datetime.now(UTC) - timedelta(seconds=lost_after)
-    before = cutoff.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    before = timestamp(time.time() - lost_after)
     for node in node_sql.mark_lost(db, before, at):
         events.append(
             db,

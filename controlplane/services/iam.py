@@ -6,6 +6,7 @@ import msgspec
 import sqlite_utils
 from msgspec import UNSET
 
+from controlplane.iam.cache import CredentialCache
 from controlplane.iam.decide import ROOT_TENANT, Principal, decide
 from controlplane.iam.tokens import new_token, token_hash
 from controlplane.services.access import act_for
@@ -60,17 +61,23 @@ def bootstrap(store: Store, token_file: Path) -> bool:
     return store.transact(txn)
 
 
-def authenticate(db: sqlite_utils.Database, token: str) -> Principal | None:
+def authenticate(db: sqlite_utils.Database, token: str, cache: CredentialCache) -> Principal | None:
     """The principal of a live credential of a live tenant, or None."""
-    found = iam_sql.credential_by_hash(db, token_hash(token))
+    hashed = token_hash(token)
+    principal = cache.get(hashed)
+    if principal is not None:
+        return principal
+    found = iam_sql.credential_by_hash(db, hashed)
     if found is None:
         return None
     credential_id, tenant_id, statements = found
-    return Principal(
+    principal = Principal(
         credential_id=credential_id,
         tenant_id=tenant_id,
         statements=None if statements is None else msgspec.json.decode(statements),
     )
+    cache.put(hashed, principal)
+    return principal
 
 
 def _require_root(principal: Principal, action: str) -> None:
@@ -104,7 +111,9 @@ async def create_tenant(store: Store, principal: Principal, req: TenantsCreate) 
     return await store.write(txn)
 
 
-async def delete_tenant(store: Store, principal: Principal, req: TenantsDelete) -> TenantDeleted:
+async def delete_tenant(
+    store: Store, principal: Principal, req: TenantsDelete, cache: CredentialCache
+) -> TenantDeleted:
     """T1: archive its pools, withdraw offers made to it, revoke its credentials."""
     _require_root(principal, "iam:tenants:delete")
     if req.tenant_id == ROOT_TENANT:
@@ -150,7 +159,9 @@ async def delete_tenant(store: Store, principal: Principal, req: TenantsDelete) 
             revoked_credentials=revoked,
         )
 
-    return await store.write(txn)
+    deleted = await store.write(txn)
+    cache.clear()  # its credentials stop working before this answers
+    return deleted
 
 
 def _require_admin(principal: Principal) -> None:
@@ -186,7 +197,7 @@ async def create_credential(
 
 
 async def revoke_credential(
-    store: Store, principal: Principal, req: CredentialsRevoke
+    store: Store, principal: Principal, req: CredentialsRevoke, cache: CredentialCache
 ) -> CredentialRevoked:
     _require_admin(principal)
 
@@ -205,4 +216,6 @@ async def revoke_credential(
             )
         return CredentialRevoked(credential_id=req.credential_id, revoked=revoked)
 
-    return await store.write(txn)
+    answer = await store.write(txn)
+    cache.clear()  # the token stops working before this answers
+    return answer

@@ -6,8 +6,8 @@ and the reconciler persists the stamps in batches.
 """
 
 import hashlib
+import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -24,7 +24,7 @@ from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import sites as site_sql
-from controlplane.storage.db import Store, now
+from controlplane.storage.db import Store, now, timestamp
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, Unauthenticated
 from shared.ids import new_id
 from shared.inventory import Inventory
@@ -64,11 +64,6 @@ def attest_join_token(db: sqlite_utils.Database, req: NodesJoin) -> dict[str, An
 ATTESTORS: Mapping[str, Attestor] = {"join-token": attest_join_token}
 
 
-def _at(seconds_from_now: float) -> str:
-    moment = datetime.now(UTC) + timedelta(seconds=seconds_from_now)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 async def create_join_token(
     store: Store, principal: Principal, req: JoinTokensCreate
 ) -> JoinTokenCreated:
@@ -82,7 +77,7 @@ async def create_join_token(
             raise InvalidState("the pool is archived")
         if pool["agent"] == "none":
             raise InvalidState("agents do not join a pool with agent: none")
-        expires_at = _at(req.ttl_seconds)
+        expires_at = timestamp(time.time() + req.ttl_seconds)
         node_sql.insert_join_token(
             db,
             {

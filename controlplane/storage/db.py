@@ -8,6 +8,7 @@ lets run beside the writer.
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,9 +23,19 @@ from controlplane.storage.migrations import migrate
 T = TypeVar("T")
 
 
+def timestamp(epoch: float) -> str:
+    """A time as the API shows it: ISO 8601, UTC, milliseconds (``2026-11-30T13:04:10.123Z``)."""
+    moment = datetime.fromtimestamp(epoch, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_timestamp(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
 def now() -> str:
-    """The current time as the API shows it: ISO 8601, UTC, milliseconds."""
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """The current time as the API shows it."""
+    return timestamp(time.time())
 
 
 def connect(path: Path) -> sqlite_utils.Database:
