@@ -28,6 +28,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/api.py
+	$(BIN)/python bench/reconciler.py
+	$(BIN)/python bench/agent.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache

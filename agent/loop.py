@@ -2,16 +2,16 @@
 
 While the control plane is away the agent backs off exponentially with full
 jitter and keeps the last NodeSpec it has. A refused join is final: the agent
-exits non-zero with the control plane's reason.
+exits non-zero with the control plane's reason. The loop is synchronous (one
+request at a time needs no event loop) and stops promptly when ``stop`` is set.
 """
 
-import asyncio
 import random
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
 import structlog
 
 from agent.client import ControlPlane, Refused, Unreachable
@@ -37,11 +37,16 @@ class Settings:
 
 class Agent:
     def __init__(
-        self, settings: Settings, state: State, take_inventory: Callable[[], Inventory]
+        self,
+        settings: Settings,
+        state: State,
+        take_inventory: Callable[[], Inventory],
+        client: ControlPlane,
     ) -> None:
         self.settings = settings
         self.state = state
         self.take_inventory = take_inventory
+        self.client = client
         self.failures = 0
 
     def backoff(self) -> float:
@@ -49,10 +54,10 @@ class Agent:
         ceiling = min(self.settings.backoff_cap, self.settings.backoff_base * 2**self.failures)
         return random.uniform(0, ceiling)
 
-    async def join(self, client: ControlPlane, inventory: Inventory) -> NodeCredential:
-        join_token = (await asyncio.to_thread(self.settings.join_token_file.read_text)).strip()
+    def join(self, inventory: Inventory) -> NodeCredential:
+        join_token = self.settings.join_token_file.read_text().strip()
         try:
-            answer = await client.join(join_token, inventory.hostname, inventory)
+            answer = self.client.join(join_token, inventory.hostname, inventory)
         except Refused as exc:
             raise JoinRefused(str(exc)) from exc
         credential = NodeCredential(
@@ -64,53 +69,49 @@ class Agent:
         )
         return credential
 
-    async def cycle(self, client: ControlPlane) -> None:
+    def cycle(self) -> None:
         """One inventory → (join) → report → spec cycle."""
-        inventory = await asyncio.to_thread(self.take_inventory)
+        inventory = self.take_inventory()
         credential = self.state.credential()
         if credential is None:
-            credential = await self.join(client, inventory)
+            credential = self.join(inventory)
         try:
-            answer = await client.report(credential.token, credential.node_id, inventory)
+            answer = self.client.report(credential.token, credential.node_id, inventory)
         except Refused as exc:
             if exc.status != 401:
                 raise
             # The control plane no longer knows this credential: join again with the token file.
             log.warning("node credential refused; joining again", node=credential.node_id)
             self.state.forget_credential()
-            credential = await self.join(client, inventory)
-            answer = await client.report(credential.token, credential.node_id, inventory)
+            credential = self.join(inventory)
+            answer = self.client.report(credential.token, credential.node_id, inventory)
         spec = self.state.spec()
         if spec is None or spec.get("version") != answer["specVersion"]:
-            spec = await client.spec(credential.token, credential.node_id)
+            spec = self.client.spec(credential.token, credential.node_id)
             self.state.save_spec(spec)
             log.info("new spec", version=spec["version"], dry_run=self.settings.dry_run)
 
-    async def run(self, once: bool = False) -> None:
-        timeout = aiohttp.ClientTimeout(total=30)
-        async with aiohttp.ClientSession(timeout=timeout) as session:
-            client = ControlPlane(self.settings.controlplane, session)
-            while True:
-                try:
-                    await self.cycle(client)
-                except Unreachable as exc:
-                    if once:
-                        raise
-                    wait = self.backoff()
-                    self.failures += 1
-                    log.warning(
-                        "control plane unreachable", error=str(exc), retry_in=round(wait, 2)
-                    )
-                    await asyncio.sleep(wait)
-                    continue
-                except Refused as exc:
-                    # A report refused (e.g. the GPUs changed family): say why, keep the last spec.
-                    if once:
-                        raise
-                    log.error("report refused", error=str(exc))
-                    await asyncio.sleep(self.settings.interval)
-                    continue
-                self.failures = 0
+    def run(self, stop: threading.Event, once: bool = False) -> None:
+        """Cycle until ``stop`` is set (or once); JoinRefused and, with ``once``, errors escape."""
+        while not stop.is_set():
+            try:
+                self.cycle()
+            except Unreachable as exc:
                 if once:
-                    return
-                await asyncio.sleep(self.settings.interval)
+                    raise
+                wait = self.backoff()
+                self.failures += 1
+                log.warning("control plane unreachable", error=str(exc), retry_in=round(wait, 2))
+                stop.wait(wait)
+                continue
+            except Refused as exc:
+                # A report refused (e.g. the GPUs changed family): say why, keep the last spec.
+                if once:
+                    raise
+                log.error("report refused", error=str(exc))
+                stop.wait(self.settings.interval)
+                continue
+            self.failures = 0
+            if once:
+                return
+            stop.wait(self.settings.interval)

@@ -1,16 +1,18 @@
 """better-compute-agent: the per-host agent (DESIGN §6)."""
 
-import asyncio
+import contextlib
 import functools
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
 import msgspec
 
-from agent.client import ControlPlaneError
+from agent.client import ControlPlane, ControlPlaneError
 from agent.inventory import FixtureError, collect_inventory
+from agent.inventory.nvml import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings
 from agent.state import State
 from shared.log import configure_logging
@@ -30,19 +32,6 @@ sysfs_option = click.option(
     show_default=True,
     help="Root under which /sys, /proc and /etc are read.",
 )
-
-
-async def _until_signalled(agent: Agent, once: bool) -> None:
-    """Run the agent until it finishes or SIGTERM/SIGINT arrives (then exit 0, as systemd expects)."""
-    task = asyncio.current_task()
-    assert task is not None
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, task.cancel)
-    try:
-        await agent.run(once=once)
-    except asyncio.CancelledError:
-        return
 
 
 @click.group()
@@ -113,17 +102,28 @@ def run(
     take = functools.partial(
         collect_inventory, fixture=fixture, fixture_host=fixture_host, sysfs_root=sysfs_root
     )
+    # Import the NVML bindings now (importing initialises nothing), so that the first
+    # cycle is as quick as the rest and a missing module shows at start.
+    with contextlib.suppress(ImportError):
+        load_pynvml()
     if fixture is not None:
         try:
             take()  # a fixture it cannot use is a usage error, before anything joins
         except FixtureError as exc:
             raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
-    agent = Agent(settings, State(state_dir), take)
+    client = ControlPlane(controlplane)
+    agent = Agent(settings, State(state_dir), take, client)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # Stop between requests and exit 0, as systemd expects of a stop.
+        signal.signal(signum, lambda *_: stop.set())
     try:
-        asyncio.run(_until_signalled(agent, once))
+        agent.run(stop, once=once)
     except JoinRefused as exc:
         click.echo(f"better-compute-agent: the control plane refused this host: {exc}", err=True)
         sys.exit(2)
     except ControlPlaneError as exc:
         click.echo(f"better-compute-agent: {exc}", err=True)
         sys.exit(1)
+    finally:
+        client.close()
