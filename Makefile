@@ -29,7 +29,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/reconciler.py
-	$(BIN)/python bench/agent.py
+	$(BIN)/python bench/agent_footprint.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache

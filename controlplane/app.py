@@ -242,6 +242,7 @@ async def _reconciler_lifetime(app: web.Application) -> AsyncIterator[None]:
             runtime.liveness,
             runtime.config.reconcile_interval,
             runtime.config.node_lost_after,
+            runtime.started,
         )
     )
     yield

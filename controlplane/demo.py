@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from shared.files import write_secret
+
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 DEMO_HOST = "dgx-h100-01"
 DEMO_POLICY = {
@@ -128,8 +130,7 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
                 "compute/joinTokens/create",
                 {"tenantId": "root", "poolId": pool["id"], "ttlSeconds": 3600},
             )
-            join_file.write_text(join["token"] + "\n")
-            join_file.chmod(0o600)
+            write_secret(join_file, join["token"])
         agent = subprocess.Popen(
             [
                 _bin("better-compute-agent"),

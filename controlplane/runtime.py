@@ -1,5 +1,6 @@
 """What exists while the control plane runs: settings, the database, node liveness."""
 
+import time
 from dataclasses import dataclass, field
 
 from controlplane.capacity.liveness import Liveness
@@ -16,6 +17,7 @@ class Runtime:
     store: Store | None = None
     liveness: Liveness = field(default_factory=Liveness)
     credentials: CredentialCache = field(default_factory=CredentialCache)
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def db(self) -> Store:

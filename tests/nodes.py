@@ -7,7 +7,7 @@ import msgspec
 
 from agent.inventory import collect_inventory
 from shared.inventory import Inventory
-from tests.conftest import Api
+from tests.conftest import Api, execute
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 DGX_POLICY = {"hostReserve": {"vcpu": 8, "memoryGiB": 64}, "overcommit": {"vcpu": 2}}
@@ -55,3 +55,19 @@ async def joined(api: Api, token: str, inventory: Inventory) -> dict[str, Any]:
 
 def rows_of(node: dict[str, Any]) -> dict[str, tuple[int, int, float]]:
     return {r["resource"]: (r["capacity"], r["allocated"], r["ratio"]) for r in node["resources"]}
+
+
+NODE_TABLES = ("nodes", "node_resources", "node_devices", "join_tokens", "events")
+
+
+def node_snapshot(db: Path) -> dict[str, Any]:
+    return {t: sorted(execute(db, f"SELECT * FROM {t}"), key=repr) for t in NODE_TABLES}
+
+
+async def report(api: Api, node: dict[str, Any], inventory: Any) -> tuple[int, Any]:
+    response = await api.client.post(
+        "/api/compute/nodes/report",
+        json={"nodeId": node["nodeId"], "inventory": wire(inventory)},
+        headers={"Authorization": f"Bearer {node['token']}"},
+    )
+    return response.status, await response.json()

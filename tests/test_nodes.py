@@ -1,29 +1,24 @@
 """Joining, reporting and node_resources rows: N1–N5, S1, P8 on the real app and SQLite."""
 
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
+from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.reconciler import reconcile_pass
 from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
-from tests.nodes import DGX_POLICY, join, joined, pool_with_token, recorded, rows_of, wire
-
-NODE_TABLES = ("nodes", "node_resources", "node_devices", "join_tokens", "events")
-
-
-def node_snapshot(db: Path) -> dict[str, Any]:
-    return {t: sorted(execute(db, f"SELECT * FROM {t}"), key=repr) for t in NODE_TABLES}
-
-
-async def report(api: Api, node: dict[str, Any], inventory: Any) -> tuple[int, Any]:
-    response = await api.client.post(
-        "/api/compute/nodes/report",
-        json={"nodeId": node["nodeId"], "inventory": wire(inventory)},
-        headers={"Authorization": f"Bearer {node['token']}"},
-    )
-    return response.status, await response.json()
+from tests.nodes import (
+    DGX_POLICY,
+    join,
+    joined,
+    node_snapshot,
+    pool_with_token,
+    recorded,
+    report,
+    rows_of,
+    wire,
+)
 
 
 async def test_n3_dgx_h100_rows_equal_hand_computed_values(api: Api) -> None:
@@ -78,6 +73,8 @@ async def test_n3_vps_host_pool_takes_a_cpu_host_with_disk(api: Api) -> None:
         "vcpu": (16, 0, 4.0),
         "memoryGiB": (int(8340826112 / 2**30), 0, 1.0),
         "diskGiB": (int(168878112768 / 2**30 * 1.5), 0, 1.5),
+        "hugepages2Mi": (0, 0, 1.0),  # seed 000: huge page rows for every pool
+        "hugepages1Gi": (0, 0, 1.0),
     }
     assert view["devices"] == []
 
@@ -110,7 +107,11 @@ async def test_join_tokens_are_pool_scoped_expiring_and_limited(api: Api, db: Pa
     assert token.startswith("bcj_")
     assert token.encode() not in db.read_bytes() + Path(f"{db}-wal").read_bytes()
     await joined(api, token, recorded("dgx-h100-01"))
-    status, answer = await join(api, token, recorded("dgx-h100-01"))
+    # The same host joining again (a lost answer, a lost credential) spends no use...
+    assert (await joined(api, token, recorded("dgx-h100-01")))["rejoined"] is True
+    # ...but a second host finds the token used up.
+    other = msgspec.structs.replace(recorded("dgx-h100-01"), machine_id="another-host", gpus=[])
+    status, answer = await join(api, token, other)
     assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED")
     status, answer = await join(api, "bcj_nope", recorded("dgx-h100-01"))
     assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED")
@@ -273,7 +274,7 @@ async def test_n5_reconciler_rewrites_nothing_unchanged_and_never_shrinks_below_
     try:
         before = node_snapshot(db)
         changes = store._writer_db.conn.total_changes
-        stats = store.transact(lambda d: reconcile_pass(d, [], 3600))
+        stats = store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
         assert (stats.nodes_recomputed, stats.rows_written) == (0, 0)
         assert store._writer_db.conn.total_changes == changes
         assert node_snapshot(db) == before
@@ -286,13 +287,13 @@ async def test_n5_reconciler_rewrites_nothing_unchanged_and_never_shrinks_below_
                 "policy": {**DGX_POLICY, "overcommit": {"vcpu": 1}},
             },
         )
-        stats = store.transact(lambda d: reconcile_pass(d, [], 3600))
+        stats = store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
         assert (stats.nodes_recomputed, stats.rows_written) == (1, 1)  # vcpu only
         row = execute(
             db, "SELECT capacity, allocated, ratio FROM node_resources WHERE resource = 'vcpu'"
         )
         assert row == [(400, 400, 1.0)]  # desired 216, held at the 400 allocated
-        assert store.transact(lambda d: reconcile_pass(d, [], 3600)).rows_written == 0
+        assert store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True)).rows_written == 0
     finally:
         store.close()
     assert node["nodeId"]
@@ -305,7 +306,7 @@ async def test_nodes_lost_and_ready_again(api: Api, db: Path) -> None:
     execute(db, "UPDATE nodes SET last_seen_at = '2000-01-01T00:00:00.000Z'")
     store = Store(db)
     try:
-        assert store.transact(lambda d: reconcile_pass(d, [], 90)).nodes_lost == 1
+        assert store.transact(lambda d: reconcile_pass(d, Liveness(), 90, True)).nodes_lost == 1
     finally:
         store.close()
     capacity = await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})

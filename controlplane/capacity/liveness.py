@@ -1,32 +1,25 @@
 """Node liveness kept cheap: a report with nothing new only stamps memory.
 
-The reconciler persists the stamps in one batch per pass, then marks nodes
-not seen within the grace period as lost. A restart loses at most one
-interval of stamps, which the grace period covers.
+The reconciler reads the stamps (from its writer thread: single dict lookups,
+which the GIL makes safe beside the event loop's writes) and persists a
+node's stamp only when the stored one has grown older than the grace period.
 """
 
 import time
 
-from controlplane.storage.db import parse_timestamp, timestamp
+from controlplane.storage.db import timestamp
 
 
 class Liveness:
     def __init__(self) -> None:
-        self._seen: dict[str, float] = {}  # epoch seconds: formatting waits for the flush
+        self._seen: dict[str, float] = {}  # node id → epoch seconds of its last report
 
     def seen(self, node_id: str) -> None:
         self._seen[node_id] = time.time()
 
+    def last_epoch(self, node_id: str) -> float | None:
+        return self._seen.get(node_id)
+
     def last_seen(self, node_id: str) -> str | None:
         at = self._seen.get(node_id)
         return None if at is None else timestamp(at)
-
-    def drain(self) -> list[tuple[str, str]]:
-        """(at, node id) pairs seen since the last drain, for one batched UPDATE."""
-        pending, self._seen = self._seen, {}
-        return [(timestamp(at), node_id) for node_id, at in pending.items()]
-
-    def restore(self, pairs: list[tuple[str, str]]) -> None:
-        """Put back stamps whose write failed, unless newer ones arrived meanwhile."""
-        for at, node_id in pairs:
-            self._seen.setdefault(node_id, parse_timestamp(at))

@@ -3,8 +3,17 @@
 Rows derive only from (inventory, pool policy), so each node remembers the
 inventory revision and pool version its rows were computed from; a pass
 recomputes just the nodes where either moved and rewrites only rows whose
-values changed (N5). It also persists liveness stamps and marks silent nodes
-lost. Every pass is one transaction on the writer.
+values changed (N5). A node whose rows are held at what is allocated, or whose
+booked atom vanished, is left stale so every pass looks again until the
+booking ends. A pool's new version also re-decides each node's admission (a
+new gpuModel or acceptance check). Every pass is one transaction on the writer.
+
+Liveness: reports stamp memory only. A pass looks at the nodes whose stored
+stamp is older than the grace period; those seen since (in memory) get their
+stamp written, the others are lost. So a live node's stamp is written about
+once per grace period, and none at all in a pass where no stamp is that old.
+No node is marked lost during the first grace period after a start, when
+memory has not seen the fleet yet.
 """
 
 import asyncio
@@ -20,6 +29,7 @@ from msgspec import UNSET
 
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
+from controlplane.services.admission import LOST, READY, admission
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage.db import Store, now, timestamp
@@ -34,26 +44,57 @@ class PassStats:
     nodes_recomputed: int = 0
     rows_written: int = 0
     nodes_lost: int = 0
+    stamps_written: int = 0
+
+
+def readmit(db: sqlite_utils.Database, node: dict[str, Any], inventory: Inventory) -> bool:
+    """Re-decide a live node's state under its pool's current policy; True if it changed."""
+    if node["state"] == LOST:
+        return False
+    state, reason = admission(
+        {"gpu_model": node["gpu_model"]}, msgspec.json.decode(node["policy"]), inventory
+    )
+    if (state, reason) == (node["state"], node["state_reason"]):
+        return False
+    node_sql.update_node(
+        db, node["id"], {"state": state, "state_reason": reason, "updated_at": now()}
+    )
+    events.append(
+        db,
+        "node.ready" if state == READY else "node.quarantined",
+        pool_id=node["pool_id"],
+        data={"nodeId": node["id"], "hostname": node["hostname"], "state": state, "reason": reason},
+        audience=[node["owner_tenant_id"]],
+    )
+    return True
 
 
 def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
-    """Bring one node's rows and atoms to what its inventory and pool imply; returns writes."""
+    """Bring one node's rows and atoms to what its inventory and pool imply; returns rows written."""
     policy = parse_policy(msgspec.json.decode(node["policy"]))
+    inventory = (
+        msgspec.json.decode(node["inventory"], type=Inventory) if node["inventory"] else None
+    )
+    if inventory is not None:
+        readmit(db, node, inventory)
     facts = HostFacts(**{name: node[name] for name in node_sql.FACTS})
     desired = desired_rows(facts, node["class"], policy)
     existing = node_sql.resource_rows(db, node["id"])
-    writes = 0
+    writes, held = 0, False
     for resource, row in desired.items():
         have = existing.get(resource)
         capacity = settled(row.capacity, have["allocated"] if have else 0)
+        held = held or capacity != row.capacity
         if have is None or have["capacity"] != capacity or have["ratio"] != row.ratio:
             node_sql.put_resource(db, node["id"], resource, capacity, row.ratio)
             writes += 1
     for resource in existing.keys() - desired.keys():
-        node_sql.delete_resource(db, node["id"], resource)
-        writes += 1
-    gpus = msgspec.json.decode(node["inventory"], type=Inventory).gpus if node["inventory"] else []
+        if node_sql.delete_resource(db, node["id"], resource):
+            writes += 1
+        else:
+            held = True
     replicas = None if policy.replicas is UNSET else policy.replicas
+    gpus = inventory.gpus if inventory else []
     wanted = {a.device_id: a for a in gpu_atoms(gpus, node["class"], node["sharing"], replicas)}
     have_devices = node_sql.devices(db, node["id"])
     for device_id, atom in wanted.items():
@@ -63,34 +104,45 @@ def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
             atom.profile,
         ):
             continue
-        if have is not None:
-            node_sql.delete_device(db, node["id"], device_id)
+        if have is not None and not node_sql.delete_device(db, node["id"], device_id):
+            held = True  # booked as something else: it changes once the booking ends
+            continue
         node_sql.insert_device(
             db, node["id"], device_id, atom.resource, atom.gpu_uuid, atom.profile
         )
         writes += 1
     for device_id in have_devices.keys() - wanted.keys():
-        node_sql.delete_device(db, node["id"], device_id)
-        writes += 1
-    node_sql.mark_rows_current(db, node["id"], node["inventory_rev"], node["pool_version"])
+        if node_sql.delete_device(db, node["id"], device_id):
+            writes += 1
+        else:
+            held = True
+    if not held:
+        node_sql.mark_rows_current(db, node["id"], node["inventory_rev"], node["pool_version"])
     return writes
 
 
 def reconcile_one(db: sqlite_utils.Database, node_id: str) -> int:
     """Right after a join or a changed inventory: the node's rows, in the caller's transaction."""
-    return sum(reconcile_node(db, node) for node in node_sql.stale_node(db, node_id))
+    return sum(reconcile_node(db, node) for node in node_sql.reconcile_row(db, node_id))
 
 
 def reconcile_pass(
-    db: sqlite_utils.Database, seen: list[tuple[str, str]], lost_after: float
+    db: sqlite_utils.Database, liveness: Liveness, lost_after: float, may_mark_lost: bool
 ) -> PassStats:
-    """One pass: persist liveness stamps, mark silent nodes lost, recompute stale nodes."""
+    """One pass: refresh old liveness stamps, mark silent nodes lost, recompute stale nodes."""
     stats = PassStats()
-    if seen:
-        node_sql.touch(db, seen)
-    at = now()
-    before = timestamp(time.time() - lost_after)
-    for node in node_sql.mark_lost(db, before, at):
+    cutoff = time.time() - lost_after
+    seen, silent = [], []
+    for node in node_sql.silent_nodes(db, timestamp(cutoff)):
+        last = liveness.last_epoch(node["id"])
+        if last is not None and last >= cutoff:
+            seen.append((timestamp(last), node["id"]))
+        elif may_mark_lost:
+            silent.append(node)
+    node_sql.touch(db, seen)
+    stats.stamps_written = len(seen)
+    node_sql.mark_lost(db, [node["id"] for node in silent], now())
+    for node in silent:
         events.append(
             db,
             "node.lost",
@@ -102,33 +154,26 @@ def reconcile_pass(
             },
             audience=[node["owner_tenant_id"]],
         )
-        stats.nodes_lost += 1
+    stats.nodes_lost = len(silent)
     for node in node_sql.stale_nodes(db):
         stats.rows_written += reconcile_node(db, node)
         stats.nodes_recomputed += 1
     return stats
 
 
-def _pass(
-    db: sqlite_utils.Database, *, seen: list[tuple[str, str]], lost_after: float
-) -> PassStats:
-    return reconcile_pass(db, seen, lost_after)
-
-
 async def run_reconciler(
-    store: Store, liveness: Liveness, interval: float, lost_after: float
+    store: Store, liveness: Liveness, interval: float, lost_after: float, started: float
 ) -> None:
     """Every ``interval`` seconds, one pass; a failed pass is logged and the next one retries."""
     while True:
         await asyncio.sleep(interval)
-        # Drained here, on the event loop that stamps them, and handed to the writer.
-        seen = liveness.drain()
+        may_mark_lost = time.monotonic() - started >= lost_after
+        work = functools.partial(
+            reconcile_pass, liveness=liveness, lost_after=lost_after, may_mark_lost=may_mark_lost
+        )
         try:
-            stats = await store.write(
-                functools.partial(reconcile_pass, seen=seen, lost_after=lost_after)
-            )
+            stats = await store.write(work)
         except Exception:
-            liveness.restore(seen)
             log.exception("reconciler pass failed")
             continue
         if stats.nodes_recomputed or stats.nodes_lost:
@@ -137,4 +182,5 @@ async def run_reconciler(
                 nodes=stats.nodes_recomputed,
                 rows_written=stats.rows_written,
                 lost=stats.nodes_lost,
+                stamps=stats.stamps_written,
             )

@@ -71,7 +71,11 @@ def _whole(amount: Fraction, ratio: float) -> int:
 
 
 def desired_rows(facts: HostFacts, pool_class: str, policy: Policy) -> dict[str, Row]:
-    """N3: the rows a host node of the pool should have; tenant-controlled nodes get none."""
+    """N3: the rows a host node of the pool should have; tenant-controlled nodes get none.
+
+    vcpu and memoryGiB everywhere, diskGiB in vps-host pools, and the huge page rows "for
+    every pool" as seed 000 says (DESIGN's N3 leaves them out of vps-host pools; the seed wins).
+    """
     if pool_class not in HOST_CLASSES:
         return {}
     reserve_vcpu, reserve_gib = 0, 0.0
@@ -89,10 +93,9 @@ def desired_rows(facts: HostFacts, pool_class: str, policy: Policy) -> dict[str,
     if pool_class == "vps-host":
         disk_ratio = clamp_ratio(None if over is UNSET or over.diskGiB is UNSET else over.diskGiB)
         rows["diskGiB"] = Row(_whole(Fraction(facts.disk_total_bytes, GIB), disk_ratio), disk_ratio)
-    else:
-        # Huge pages are never overcommitted.
-        rows["hugepages2Mi"] = Row(facts.hugepages_2mi, 1.0)
-        rows["hugepages1Gi"] = Row(facts.hugepages_1gi, 1.0)
+    # Every pool (seed 000): huge pages are the configured pages, never overcommitted.
+    rows["hugepages2Mi"] = Row(facts.hugepages_2mi, 1.0)
+    rows["hugepages1Gi"] = Row(facts.hugepages_1gi, 1.0)
     return rows
 
 

@@ -20,6 +20,16 @@ from controlplane.capacity.resources import HostFacts
 from controlplane.iam.decide import Principal
 from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
 from controlplane.services.access import act_for, owned_pool
+from controlplane.services.admission import (
+    LOST,
+    READY,
+    admission,
+    check_family,
+    identity_of,
+    same_host,
+    stable_digest,
+    trusted,
+)
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
@@ -46,19 +56,17 @@ from shared.schemas import (
     ResourceRowView,
 )
 
-# P8: the attestors JoinService runs. Each checks the join request and answers the
-# pool it may join; "join-token" checks a pool-scoped, expiring, limited-use token.
+# P8: the attestors JoinService runs. Each checks a join request and answers the join
+# token it presented; "join-token" checks a pool-scoped, expiring, limited-use token.
 Attestor = Callable[[sqlite_utils.Database, NodesJoin], dict[str, Any]]
 
 
 def attest_join_token(db: sqlite_utils.Database, req: NodesJoin) -> dict[str, Any]:
+    """The token's row if it exists and has not expired; its uses are counted by the join."""
     token = node_sql.join_token(db, token_hash(req.join_token))
-    if token is None or token["expires_at"] <= now() or token["uses"] >= token["max_uses"]:
-        raise Unauthenticated("the join token is unknown, expired or used up")
-    node_sql.use_join_token(db, token["id"])
-    pool = pool_sql.get_pool(db, token["pool_id"])
-    assert pool is not None
-    return pool
+    if token is None or token["expires_at"] <= now():
+        raise Unauthenticated("the join token is unknown or expired")
+    return token
 
 
 ATTESTORS: Mapping[str, Attestor] = {"join-token": attest_join_token}
@@ -96,91 +104,83 @@ async def create_join_token(
     return await store.write(txn)
 
 
-def check_family(pool: Mapping[str, Any], inventory: Inventory) -> None:
-    """N1: every GPU's family (from its NVML name) is the pool's gpuModel, compared exactly."""
-    model = pool["gpu_model"]
-    members = [(i, gpu) for i, gpu in enumerate(inventory.gpus) if gpu.family is not None]
-    if model is None:
-        if members:
-            i, gpu = members[0]
-            raise InvalidInput(
-                f"the pool takes hosts without GPUs; this host has {gpu.name}",
-                field=f"inventory.gpus.{i}.name",
-            )
-        return
-    if not members:
-        raise InvalidInput(
-            f"the pool holds {model} GPUs; this host has none", field="inventory.gpus"
-        )
-    for i, gpu in members:
-        if gpu.family != model:
-            raise InvalidInput(
-                f"GPU {i} is {gpu.name} (family {gpu.family}); the pool holds {model}",
-                field=f"inventory.gpus.{i}.name",
-            )
-
-
-def identity_of(inventory: Inventory) -> str:
-    """A host is its machine id plus its GPUs: the same host re-joining is the same node."""
-    parts = [inventory.machine_id, *sorted(gpu.uuid for gpu in inventory.gpus)]
-    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
-
-
-def inventory_hash(inventory: Inventory) -> str:
-    return hashlib.sha256(msgspec.json.encode(inventory)).hexdigest()
-
-
-def passes_acceptance(policy: Mapping[str, Any], inventory: Inventory) -> bool:
-    """`acceptance: [{kind: diag.nvml}]`: NVML answers and no GPU reports uncorrected ECC errors."""
-    kinds = {check.get("kind") for check in policy.get("acceptance") or []}
-    if "diag.nvml" not in kinds:
-        return True
-    healthy = all(not gpu.ecc_uncorrected_volatile for gpu in inventory.gpus)
-    return inventory.nvml.available and healthy
-
-
 def _inventory_fields(inventory: Inventory) -> dict[str, Any]:
     facts = HostFacts.of(inventory)
     return {
         "inventory": msgspec.json.encode(inventory).decode(),
-        "inventory_hash": inventory_hash(inventory),
+        "inventory_hash": stable_digest(inventory),
         "machine_id": inventory.machine_id,
         **{name: getattr(facts, name) for name in node_sql.FACTS},
     }
+
+
+def _state_event(
+    db: sqlite_utils.Database,
+    pool: Mapping[str, Any],
+    node: Mapping[str, Any],
+    state: str,
+    reason: str | None,
+) -> None:
+    events.append(
+        db,
+        "node.ready" if state == READY else "node.quarantined",
+        pool_id=pool["id"],
+        data={"nodeId": node["id"], "hostname": node["hostname"], "state": state, "reason": reason},
+        audience=[pool["owner_tenant_id"]],
+    )
 
 
 async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
     attestor = ATTESTORS.get(req.attestor)
     if attestor is None:
         raise InvalidInput(f"attestor {req.attestor} is not registered", field="attestor")
+    # A bad token is refused on the reader, without taking the single writer's time.
+    with store.snapshot() as db:
+        attestor(db, req)
+    inventory = trusted(req.inventory)
     token = new_token(NODE_PREFIX)
 
     def txn(db: sqlite_utils.Database) -> NodeJoined:
-        pool = attestor(db, req)
+        join_token = attestor(db, req)
+        pool = pool_sql.get_pool(db, join_token["pool_id"])
+        assert pool is not None
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
         policy = msgspec.json.decode(pool["policy"])
         allowed = policy.get("joinAttestors") or ["join-token"]
         if req.attestor not in allowed:
             raise InvalidInput(f"the pool accepts attestors {allowed}", field="attestor")
-        check_family(pool, req.inventory)
+        existing = node_sql.node_by_identity(db, identity_of(inventory))
+        if existing is not None:
+            if existing["pool_id"] != pool["id"]:
+                raise Conflict(
+                    "this host is already a node of another pool", field="inventory.machineId"
+                )
+            stored = msgspec.json.decode(existing["inventory"], type=Inventory)
+            if not same_host(stored, inventory):
+                raise Conflict(
+                    "another host already joined with this machine id (a cloned disk image? "
+                    "give each host its own /etc/machine-id)",
+                    field="inventory.machineId",
+                )
+        elif join_token["uses"] >= join_token["max_uses"]:
+            # Only a new node spends a use: a host joining again (a lost answer, a lost
+            # credential) is the same node and may use the token it joined with.
+            raise Unauthenticated("the join token is used up")
+        check_family(pool, inventory)
         at = now()
-        identity = identity_of(req.inventory)
-        state = "ready" if passes_acceptance(policy, req.inventory) else "quarantined"
+        state, reason = admission(pool, policy, inventory)
         fields = {
-            **_inventory_fields(req.inventory),
+            **_inventory_fields(inventory),
             "hostname": req.hostname,
             "token_hash": token_hash(token),
             "state": state,
+            "state_reason": reason,
             "last_seen_at": at,
             "updated_at": at,
         }
-        existing = node_sql.node_by_identity(db, identity)
-        if existing is not None and existing["pool_id"] != pool["id"]:
-            raise Conflict(
-                "this host is already a node of another pool", field="inventory.machineId"
-            )
         if existing is None:
+            node_sql.use_join_token(db, join_token["id"])
             node_id = new_id("node")
             site = site_sql.get_site(db, pool["site_id"])
             assert site is not None
@@ -190,7 +190,7 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
                     **fields,
                     "id": node_id,
                     "pool_id": pool["id"],
-                    "identity": identity,
+                    "identity": identity_of(inventory),
                     "tenant_owned": int(site["kind"] == "custom"),
                     "inventory_rev": 1,
                     "created_at": at,
@@ -210,6 +210,7 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
                 "nodeId": node_id,
                 "hostname": req.hostname,
                 "state": state,
+                "reason": reason,
                 "rejoined": existing is not None,
             },
             audience=[pool["owner_tenant_id"]],
@@ -241,10 +242,11 @@ async def report_node(
     store: Store, liveness: Liveness, node: dict[str, Any], req: NodesReport
 ) -> Reported:
     _own(node, req.node_id)
-    digest = inventory_hash(req.inventory)
+    inventory = trusted(req.inventory)
+    digest = stable_digest(inventory)
     applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
     unchanged = digest == node["inventory_hash"] and (applied is None or applied == node["applied"])
-    if unchanged and node["state"] in ("ready", "quarantined"):
+    if unchanged and node["state"] != LOST:
         liveness.seen(node["id"])  # nothing new: no write (liveness is batched)
         return Reported(spec_version=spec_version(node["pool_id"], node["pool_version"], digest))
 
@@ -257,24 +259,14 @@ async def report_node(
         if applied is not None:
             fields["applied"] = applied
         if digest != current["inventory_hash"]:
-            check_family(pool, req.inventory)
-            fields.update(_inventory_fields(req.inventory))
+            fields.update(_inventory_fields(inventory), hostname=inventory.hostname)
             fields["inventory_rev"] = current["inventory_rev"] + 1
-        if current["state"] == "lost":
-            policy = msgspec.json.decode(pool["policy"])
-            fields["state"] = "ready" if passes_acceptance(policy, req.inventory) else "quarantined"
-            events.append(
-                db,
-                "node.ready",
-                pool_id=pool["id"],
-                data={
-                    "nodeId": current["id"],
-                    "hostname": current["hostname"],
-                    "state": fields["state"],
-                },
-                audience=[pool["owner_tenant_id"]],
-            )
+        state, reason = admission(pool, msgspec.json.decode(pool["policy"]), inventory)
+        if (state, reason) != (current["state"], current["state_reason"]):
+            fields.update(state=state, state_reason=reason)
+            _state_event(db, pool, current, state, reason)
         node_sql.update_node(db, current["id"], fields)
+        liveness.seen(current["id"])
         if "inventory_rev" in fields:
             reconcile_one(db, current["id"])
         return Reported(spec_version=spec_version(pool["id"], pool["version"], digest))

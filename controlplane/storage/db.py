@@ -29,10 +29,6 @@ def timestamp(epoch: float) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def parse_timestamp(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 def now() -> str:
     """The current time as the API shows it."""
     return timestamp(time.time())

@@ -148,6 +148,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (node_id, device_id)
     ) WITHOUT ROWID;
     """,
+    # 3: why a node is quarantined.
+    """
+    ALTER TABLE nodes ADD COLUMN state_reason TEXT;
+    """,
 )
 
 

@@ -71,40 +71,42 @@ def touch(db: sqlite_utils.Database, seen: Iterable[tuple[str, str]]) -> None:
     db.conn.executemany("UPDATE nodes SET last_seen_at = ? WHERE id = ?", list(seen))
 
 
-def mark_lost(db: sqlite_utils.Database, before: str, at: str) -> list[dict[str, Any]]:
-    """Ready nodes last seen before ``before`` become lost; returns them."""
-    lost = rows(
+def silent_nodes(db: sqlite_utils.Database, before: str) -> list[dict[str, Any]]:
+    """Live nodes whose stored last-seen time is older than ``before`` (indexed on state, time)."""
+    return rows(
         db,
         "SELECT n.id, n.pool_id, n.hostname, n.last_seen_at, p.owner_tenant_id FROM nodes n "
-        "JOIN pools p ON p.id = n.pool_id WHERE n.state = 'ready' AND n.last_seen_at < ?",
+        "JOIN pools p ON p.id = n.pool_id "
+        "WHERE n.state IN ('ready', 'quarantined') AND n.last_seen_at < ?",
         [before],
     )
+
+
+def mark_lost(db: sqlite_utils.Database, node_ids: Iterable[str], at: str) -> None:
     db.conn.executemany(
-        "UPDATE nodes SET state = 'lost', updated_at = ? WHERE id = ?",
-        [(at, n["id"]) for n in lost],
+        "UPDATE nodes SET state = 'lost', state_reason = NULL, updated_at = ? WHERE id = ?",
+        [(at, node_id) for node_id in node_ids],
     )
-    return lost
+
+
+_RECONCILE = (
+    "SELECT n.id, n.pool_id, n.hostname, n.state, n.state_reason, n.inventory, n.inventory_rev, "
+    f"{', '.join('n.' + f for f in FACTS)}, p.version AS pool_version, p.class, p.sharing, "
+    "p.policy, p.gpu_model, p.owner_tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id "
+)
 
 
 def stale_nodes(db: sqlite_utils.Database) -> list[dict[str, Any]]:
-    """Nodes whose rows were computed from an older inventory or pool version."""
+    """Nodes whose rows were computed from an older inventory or pool version, or are held."""
     return rows(
         db,
-        "SELECT n.id, n.pool_id, n.inventory, n.inventory_rev, p.version AS pool_version, "
-        f"{', '.join('n.' + f for f in FACTS)}, p.class, p.sharing, p.policy "
-        "FROM nodes n JOIN pools p ON p.id = n.pool_id "
-        "WHERE n.rows_inventory_rev != n.inventory_rev OR n.rows_pool_version != p.version",
+        _RECONCILE
+        + "WHERE n.rows_inventory_rev != n.inventory_rev OR n.rows_pool_version != p.version",
     )
 
 
-def stale_node(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]]:
-    return rows(
-        db,
-        "SELECT n.id, n.pool_id, n.inventory, n.inventory_rev, p.version AS pool_version, "
-        f"{', '.join('n.' + f for f in FACTS)}, p.class, p.sharing, p.policy "
-        "FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.id = ?",
-        [node_id],
-    )
+def reconcile_row(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]]:
+    return rows(db, _RECONCILE + "WHERE n.id = ?", [node_id])
 
 
 def mark_rows_current(
@@ -144,10 +146,14 @@ def put_resource(
     )
 
 
-def delete_resource(db: sqlite_utils.Database, node_id: str, resource: str) -> None:
-    db.execute(
-        "DELETE FROM node_resources WHERE node_id = ? AND resource = ? AND allocated = 0",
-        [node_id, resource],
+def delete_resource(db: sqlite_utils.Database, node_id: str, resource: str) -> bool:
+    """Delete an unallocated row; False when the row is still allocated (N5: it stays)."""
+    return (
+        db.execute(
+            "DELETE FROM node_resources WHERE node_id = ? AND resource = ? AND allocated = 0",
+            [node_id, resource],
+        ).rowcount
+        > 0
     )
 
 
@@ -180,8 +186,12 @@ def insert_device(
     )
 
 
-def delete_device(db: sqlite_utils.Database, node_id: str, device_id: str) -> None:
-    db.execute(
-        "DELETE FROM node_devices WHERE node_id = ? AND device_id = ? AND allocated = 0",
-        [node_id, device_id],
+def delete_device(db: sqlite_utils.Database, node_id: str, device_id: str) -> bool:
+    """Delete an unbooked atom; False when it is booked (it stays until the booking ends)."""
+    return (
+        db.execute(
+            "DELETE FROM node_devices WHERE node_id = ? AND device_id = ? AND allocated = 0",
+            [node_id, device_id],
+        ).rowcount
+        > 0
     )

@@ -1,6 +1,6 @@
 """The agent's footprint: resident memory after start and one inventory cycle, and the cycle's time.
 
-Run: ``.venv/bin/python bench/agent.py [--cycles 200]``
+Run: ``.venv/bin/python bench/agent_footprint.py [--cycles 200]``
 
 Each measurement runs in a fresh interpreter, as the agent does under
 systemd. The agent process does what ``better-compute-agent run`` does before

@@ -1,0 +1,118 @@
+"""Which hosts a pool takes, and in which state: N1 families, acceptance, host identity.
+
+Pure functions over an inventory. The control plane derives every GPU's
+family from its NVML name itself: the agent's word for it is never trusted.
+"""
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+from shared.errors import InvalidInput
+from shared.gpu import family_of
+from shared.inventory import HugepagePool, Inventory
+
+READY, QUARANTINED, LOST = "ready", "quarantined", "lost"
+
+
+def trusted(inventory: Inventory) -> Inventory:
+    """The inventory with each GPU's family derived here from its NVML name and PCI id (N1)."""
+    gpus = [
+        msgspec.structs.replace(gpu, family=family_of(gpu.name, gpu.pci_device_id))
+        for gpu in inventory.gpus
+    ]
+    return msgspec.structs.replace(inventory, gpus=gpus)
+
+
+def _settled_pages(pool: HugepagePool | None) -> HugepagePool | None:
+    return None if pool is None else msgspec.structs.replace(pool, free=0)
+
+
+def stable_digest(inventory: Inventory) -> str:
+    """A digest of what capacity, identity and health depend on.
+
+    Temperatures and free huge pages move all the time; counting them as a
+    changed inventory would make every report a write.
+    """
+    gpus = [msgspec.structs.replace(gpu, temperature_c=None) for gpu in inventory.gpus]
+    pages = msgspec.structs.replace(
+        inventory.hugepages,
+        pages_2mi=_settled_pages(inventory.hugepages.pages_2mi),
+        pages_1gi=_settled_pages(inventory.hugepages.pages_1gi),
+    )
+    stable = msgspec.structs.replace(inventory, gpus=gpus, hugepages=pages)
+    return hashlib.sha256(msgspec.json.encode(stable)).hexdigest()
+
+
+def identity_of(inventory: Inventory) -> str:
+    """A host is its machine id; its GPUs may come and go without making it another node."""
+    return hashlib.sha256(inventory.machine_id.encode()).hexdigest()
+
+
+def same_host(stored: Inventory, joining: Inventory) -> bool:
+    """Whether a join with a known machine id is that host, not a clone of its disk image.
+
+    GPUs that overlap (or a host without GPUs keeping its hostname) say it is the same host.
+    """
+    before = {gpu.uuid for gpu in stored.gpus}
+    after = {gpu.uuid for gpu in joining.gpus}
+    if before and after:
+        return bool(before & after)
+    if before or after:
+        return True  # the GPUs (or the driver) came or went: the same host, changed
+    return stored.hostname == joining.hostname
+
+
+def check_family(pool: Mapping[str, Any], inventory: Inventory) -> None:
+    """N1: every GPU's family is the pool's gpuModel, compared exactly; INVALID_INPUT otherwise."""
+    model = pool["gpu_model"]
+    members = [(i, gpu) for i, gpu in enumerate(inventory.gpus) if gpu.family is not None]
+    if model is None:
+        if members:
+            i, gpu = members[0]
+            raise InvalidInput(
+                f"the pool takes hosts without GPUs; this host has {gpu.name}",
+                field=f"inventory.gpus.{i}.name",
+            )
+        return
+    if not members:
+        raise InvalidInput(
+            f"the pool holds {model} GPUs; this host has none", field="inventory.gpus"
+        )
+    for i, gpu in members:
+        if gpu.family != model:
+            raise InvalidInput(
+                f"GPU {i} is {gpu.name} (family {gpu.family}); the pool holds {model}",
+                field=f"inventory.gpus.{i}.name",
+            )
+
+
+def acceptance_failure(policy: Mapping[str, Any], inventory: Inventory) -> str | None:
+    """`acceptance: [{kind: diag.nvml}]`: NVML answers and no GPU has uncorrected ECC errors."""
+    kinds = {check.get("kind") for check in policy.get("acceptance") or []}
+    if "diag.nvml" not in kinds:
+        return None
+    if not inventory.nvml.available:
+        return f"diag.nvml: NVML is not available ({inventory.nvml.error})"
+    for gpu in inventory.gpus:
+        if gpu.ecc_uncorrected_volatile:
+            return f"diag.nvml: GPU {gpu.index} has {gpu.ecc_uncorrected_volatile} uncorrected ECC errors"
+    return None
+
+
+def admission(
+    pool: Mapping[str, Any], policy: Mapping[str, Any], inventory: Inventory
+) -> tuple[str, str | None]:
+    """The state a reporting host gets: ready, or quarantined with the reason.
+
+    A family other than the pool's (after a gpuModel change) quarantines rather
+    than refuses, so the node stays known and shows why it offers nothing.
+    """
+    try:
+        check_family(pool, inventory)
+    except InvalidInput as exc:
+        return QUARANTINED, exc.message
+    failure = acceptance_failure(policy, inventory)
+    return (READY, None) if failure is None else (QUARANTINED, failure)

@@ -1,0 +1,223 @@
+"""Node life: what counts as a changed inventory, host identity, admission, held capacity."""
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.reconciler import PassStats, reconcile_pass
+from controlplane.storage.db import Store
+from shared.inventory import Inventory
+from tests.conftest import Api, execute
+from tests.nodes import DGX_POLICY, join, joined, pool_with_token, recorded, wire
+from tests.test_nodes import node_snapshot, report
+
+replace = msgspec.structs.replace
+
+
+def one_pass(db: Path, liveness: Liveness | None = None, may_mark_lost: bool = True) -> PassStats:
+    store = Store(db)
+    try:
+        return store.transact(
+            lambda d: reconcile_pass(d, liveness or Liveness(), 90, may_mark_lost)
+        )
+    finally:
+        store.close()
+
+
+async def node_view(api: Api, node: dict[str, Any]) -> Any:
+    return await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
+
+
+def warmer(inventory: Inventory) -> Inventory:
+    """The same host a minute later: hotter GPUs, fewer free huge pages."""
+    gpus = [replace(gpu, temperature_c=(gpu.temperature_c or 30) + 11) for gpu in inventory.gpus]
+    pages = inventory.hugepages
+    busy = replace(pages, pages_1gi=replace(pages.pages_1gi, free=0)) if pages.pages_1gi else pages
+    return replace(inventory, gpus=gpus, hugepages=busy)
+
+
+async def test_readings_that_move_every_minute_are_not_a_changed_inventory(
+    api: Api, db: Path
+) -> None:
+    """Temperatures and free huge pages change all the time; such a report still writes nothing."""
+    _, token = await pool_with_token(api, gpuModel="H200")
+    node = await joined(api, token, recorded("hgx-h200-01"))
+    status, first = await report(api, node, recorded("hgx-h200-01"))
+    before = node_snapshot(db)
+    status, second = await report(api, node, warmer(recorded("hgx-h200-01")))
+    assert status == 200 and second["specVersion"] == first["specVersion"]
+    assert node_snapshot(db) == before
+
+
+async def test_n1_the_family_is_derived_by_the_control_plane(api: Api) -> None:
+    """N1: the agent's `family` is ignored; the name decides (an H200 claiming H100 is refused)."""
+    _, token = await pool_with_token(api)
+    h200 = recorded("hgx-h200-01")
+    liar = replace(h200, gpus=[replace(gpu, family="H100") for gpu in h200.gpus])
+    status, answer = await join(api, token, liar)
+    assert (status, answer["error"]["code"]) == (400, "INVALID_INPUT")
+    _, cpu_token = await pool_with_token(api, **{"class": "vps-host", "gpuModel": None})
+    dgx = recorded("dgx-h100-01")
+    hidden = replace(dgx, gpus=[replace(gpu, family=None) for gpu in dgx.gpus])
+    status, answer = await join(api, cpu_token, hidden)
+    assert (status, answer["error"]["code"]) == (400, "INVALID_INPUT")
+
+
+async def test_a_host_that_lost_a_gpu_is_still_the_same_node(api: Api, db: Path) -> None:
+    """A GPU falling off the bus changes the node's inventory; re-joining does not make a second node."""
+    pool, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    dgx = recorded("dgx-h100-01")
+    seven = replace(dgx, gpus=dgx.gpus[:7])
+    again = await joined(api, token, seven)
+    assert again["nodeId"] == node["nodeId"]
+    capacity = await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})
+    assert {r["resource"]: r["total"] for r in capacity["items"]}["gpu"] == 7
+    assert execute(db, "SELECT count(*) FROM nodes") == [(1,)]
+
+
+async def test_a_cloned_machine_id_is_refused_not_merged(api: Api) -> None:
+    """Two hosts with one machine id (a cloned image) do not collapse into one node."""
+    _, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    dgx = recorded("dgx-h100-01")
+    clone = replace(
+        dgx,
+        hostname="dgx-h100-02",
+        gpus=[replace(gpu, uuid=gpu.uuid[:-4] + "beef") for gpu in dgx.gpus],
+    )
+    status, answer = await join(api, token, clone)
+    assert (status, answer["error"]["code"], answer["error"]["details"]["field"]) == (
+        409,
+        "CONFLICT",
+        "inventory.machineId",
+    )
+    _, cpu_token = await pool_with_token(api, **{"class": "vps-host", "gpuModel": None})
+    await joined(api, cpu_token, recorded("vps-cpu-01"))
+    status, answer = await join(
+        api, cpu_token, replace(recorded("vps-cpu-01"), hostname="vps-cpu-02")
+    )
+    assert (status, answer["error"]["code"]) == (409, "CONFLICT")
+
+
+async def test_n5_held_capacity_follows_once_the_booking_ends(api: Api, db: Path) -> None:
+    """N5: a row held at what is allocated shrinks to the desired value when the booking ends."""
+    pool, token = await pool_with_token(api, policy=DGX_POLICY)
+    await joined(api, token, recorded("dgx-h100-01"))
+    execute(db, "UPDATE node_resources SET allocated = 400 WHERE resource = 'vcpu'")
+    await api.ok(
+        "compute/pools/update",
+        {"tenantId": "root", "poolId": pool, "policy": {**DGX_POLICY, "overcommit": {"vcpu": 1}}},
+    )
+    one_pass(db)
+    assert execute(db, "SELECT capacity FROM node_resources WHERE resource = 'vcpu'") == [(400,)]
+    one_pass(db)  # still held: looked at again, nothing to write
+    execute(db, "UPDATE node_resources SET allocated = 0 WHERE resource = 'vcpu'")  # booking ended
+    one_pass(db)
+    assert execute(db, "SELECT capacity FROM node_resources WHERE resource = 'vcpu'") == [(216,)]
+    assert one_pass(db).nodes_recomputed == 0
+
+
+async def test_s1_a_booked_gpu_that_vanished_stays_until_its_booking_ends(
+    api: Api, db: Path
+) -> None:
+    """S1: an atom booked when its GPU left the inventory is kept, then removed once free."""
+    pool, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    dgx = recorded("dgx-h100-01")
+    gone = dgx.gpus[7].uuid
+    execute(db, "UPDATE node_devices SET allocated = 1 WHERE device_id = ?", (gone,))
+    status, _ = await report(api, node, replace(dgx, gpus=dgx.gpus[:7]))
+    assert status == 200
+    assert execute(db, "SELECT count(*) FROM node_devices WHERE device_id = ?", (gone,)) == [(1,)]
+    execute(db, "UPDATE node_devices SET allocated = 0 WHERE device_id = ?", (gone,))
+    one_pass(db)
+    assert execute(db, "SELECT count(*) FROM node_devices") == [(7,)]
+    capacity = await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})
+    assert {r["resource"]: r["total"] for r in capacity["items"]}["gpu"] == 7
+
+
+async def test_admission_is_decided_again_on_every_changed_inventory(api: Api) -> None:
+    """Acceptance on each changed report: a sick node is quarantined, a healed one is ready again."""
+    pool, token = await pool_with_token(api, policy={"acceptance": [{"kind": "diag.nvml"}]})
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    dgx = recorded("dgx-h100-01")
+    sick = replace(dgx, gpus=[replace(dgx.gpus[0], ecc_uncorrected_volatile=2), *dgx.gpus[1:]])
+    await report(api, node, sick)
+    view = await node_view(api, node)
+    assert view["state"] == "quarantined"
+    assert (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})) == {
+        "items": []
+    }
+    await report(api, node, dgx)
+    assert (await node_view(api, node))["state"] == "ready"
+    events = await api.ok(
+        "compute/events/list", {"tenantId": "root", "types": ["node.quarantined", "node.ready"]}
+    )
+    assert [e["type"] for e in events["items"]] == ["node.quarantined", "node.ready"]
+    assert "uncorrected ECC" in events["items"][0]["data"]["reason"]
+
+
+async def test_a_pool_update_readmits_its_nodes(api: Api, db: Path) -> None:
+    """A new acceptance check or gpuModel re-decides every node of the pool at the next pass."""
+    pool, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    await api.ok("compute/pools/update", {"tenantId": "root", "poolId": pool, "gpuModel": "H200"})
+    one_pass(db)
+    view = await node_view(api, node)
+    assert view["state"] == "quarantined"
+    assert (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})) == {
+        "items": []
+    }
+    await api.ok("compute/pools/update", {"tenantId": "root", "poolId": pool, "gpuModel": "H100"})
+    one_pass(db)
+    assert (await node_view(api, node))["state"] == "ready"
+
+
+async def test_no_node_is_lost_in_the_first_grace_period_after_a_start(api: Api, db: Path) -> None:
+    """A restarted control plane has seen no reports yet: it marks nothing lost until a grace period has passed."""
+    _, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    execute(db, "UPDATE nodes SET last_seen_at = '2000-01-01T00:00:00.000Z'")
+    assert one_pass(db, may_mark_lost=False).nodes_lost == 0
+    assert one_pass(db, may_mark_lost=True).nodes_lost == 1
+
+
+async def test_a_live_nodes_stamp_is_written_only_once_it_grows_old(api: Api, db: Path) -> None:
+    """Liveness: a pass writes a node's stamp only when the stored one is older than the grace period."""
+    _, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    liveness = Liveness()
+    liveness.seen(node["nodeId"])
+    assert one_pass(db, liveness).stamps_written == 0  # stored at the join: still fresh
+    execute(db, "UPDATE nodes SET last_seen_at = '2000-01-01T00:00:00.000Z'")
+    stats = one_pass(db, liveness)
+    assert (stats.stamps_written, stats.nodes_lost) == (1, 0)
+    assert execute(db, "SELECT state FROM nodes") == [("ready",)]
+
+
+async def test_a_report_updates_the_hostname(api: Api) -> None:
+    """A renamed host shows its new hostname."""
+    _, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    await report(api, node, replace(recorded("dgx-h100-01"), hostname="dgx-renamed"))
+    assert (await node_view(api, node))["hostname"] == "dgx-renamed"
+
+
+async def test_a_node_credential_cannot_reach_another_real_node(api: Api) -> None:
+    """Two joined nodes: each credential reaches only its own node."""
+    _, h100_token = await pool_with_token(api)
+    _, l40s_token = await pool_with_token(api, gpuModel="L40S")
+    dgx = await joined(api, h100_token, recorded("dgx-h100-01"))
+    l40s = await joined(api, l40s_token, recorded("l40s-node-03"))
+    status, answer = await report(api, {**l40s, "nodeId": dgx["nodeId"]}, recorded("l40s-node-03"))
+    assert (status, answer["error"]["code"]) == (404, "NOT_FOUND")
+    response = await api.client.post(
+        "/api/compute/nodes/spec",
+        json={"nodeId": dgx["nodeId"]},
+        headers={"Authorization": f"Bearer {l40s['token']}"},
+    )
+    assert response.status == 404
+    assert wire(recorded("l40s-node-03"))["hostname"] == "l40s-node-03"
