@@ -36,7 +36,7 @@ class Refused(ControlPlaneError):
 
 
 class ControlPlane:
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
+    def __init__(self, url: str, timeout: float = 10.0) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"not an http(s) URL: {url}")
@@ -77,7 +77,13 @@ class ControlPlane:
             raise Unreachable(f"{self.url}: {exc.__class__.__name__}: {exc}") from exc
         if response.status >= 500:
             raise Unreachable(f"{self.url} answered {response.status}")
-        answer = msgspec.json.decode(raw) if raw else {}
+        try:
+            answer = msgspec.json.decode(raw) if raw else {}
+        except msgspec.DecodeError:
+            # Not the control plane (a proxy's HTML page, a captive portal): try again later.
+            raise Unreachable(
+                f"{self.url} answered {response.status} with a body that is not JSON"
+            ) from None
         if response.status != 200:
             error = answer.get("error", {})
             raise Refused(

@@ -125,5 +125,11 @@ def run(
     except ControlPlaneError as exc:
         click.echo(f"better-compute-agent: {exc}", err=True)
         sys.exit(1)
+    except OSError as exc:  # the join token file or the state directory
+        click.echo(f"better-compute-agent: {exc.strerror}: {exc.filename}", err=True)
+        sys.exit(2)
+    except (ValueError, KeyError) as exc:  # a damaged node.json
+        click.echo(f"better-compute-agent: unreadable state in {state_dir}: {exc!r}", err=True)
+        sys.exit(2)
     finally:
         client.close()

@@ -164,3 +164,24 @@ async def wait_for(condition: Any, seconds: float = 20) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         await asyncio.sleep(0.05)
+
+
+async def test_agent_says_clearly_what_is_missing(daemon: Daemon) -> None:
+    """A missing join token file exits 2 with the path; an unreachable control plane with --once exits 1."""
+    missing = daemon.workdir / "no-such.token"
+    done = subprocess.run(
+        agent_command(daemon, missing, "dgx-h100-01", "--once"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and str(missing) in done.stderr and "Traceback" not in done.stderr
+    _, token_file = await demo_pool(daemon)
+    assert daemon.stop() == 0
+    done = subprocess.run(
+        agent_command(daemon, token_file, "dgx-h100-01", "--once"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
