@@ -4,7 +4,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
@@ -38,6 +38,16 @@ class Metrics:
     registry: CollectorRegistry
     requests: Counter
     latency: Histogram
+    # Labelled children by (route, status): labels() takes a lock and builds keys each call.
+    _children: dict[tuple[str, int], tuple[Any, Any]] = field(default_factory=dict)
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        children = self._children.get((route, status))
+        if children is None:
+            children = (self.requests.labels(route, str(status)), self.latency.labels(route))
+            self._children[(route, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     @classmethod
     def create(cls) -> "Metrics":
@@ -69,8 +79,11 @@ CALLER = web.RequestKey("caller", dict)  # who is calling, for the log line
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+JSON_HEADERS = {"Content-Type": JSON}
+
+
 def json_response(body: object, status: int = 200) -> web.Response:
-    return web.Response(body=msgspec.json.encode(body), status=status, content_type=JSON)
+    return web.Response(body=msgspec.json.encode(body), status=status, headers=JSON_HEADERS)
 
 
 def error_response(error: ApiError, request_id: str) -> web.Response:
@@ -102,10 +115,8 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
             )
         elapsed = time.perf_counter() - started
         response.headers["X-Request-Id"] = request_id
-        metrics = request.app[METRICS]
         route = request.path if request.match_info.route.resource else "unmatched"
-        metrics.requests.labels(route, str(response.status)).inc()
-        metrics.latency.labels(route).observe(elapsed)
+        request.app[METRICS].observe(route, response.status, elapsed)
         log.info(
             "request",
             method=request.method,
