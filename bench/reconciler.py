@@ -26,9 +26,9 @@ from pathlib import Path
 import msgspec
 
 from agent.inventory import collect_inventory
+from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.reconciler import reconcile_pass
 from controlplane.capacity.resources import HostFacts
-from controlplane.capacity.liveness import Liveness
 from controlplane.services.admission import stable_digest
 from controlplane.storage.db import Store, now
 
