@@ -103,8 +103,12 @@ class ControlPlane:
         }
         return self.call("compute/nodes/join", body)
 
-    def report(self, token: str, node_id: str, inventory: Inventory) -> Any:
-        body = {"nodeId": node_id, "inventory": msgspec.to_builtins(inventory)}
+    def report(
+        self, token: str, node_id: str, inventory: Inventory, applied: Any | None = None
+    ) -> Any:
+        body: dict[str, Any] = {"nodeId": node_id, "inventory": msgspec.to_builtins(inventory)}
+        if applied is not None:
+            body["applied"] = applied
         return self.call("compute/nodes/report", body, token)
 
     def spec(self, token: str, node_id: str) -> Any:

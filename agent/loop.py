@@ -11,12 +11,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import structlog
 
+from agent.apply import Applier
 from agent.client import ControlPlane, Refused, Unreachable
 from agent.state import NodeCredential, State
 from shared.inventory import Inventory
+from shared.nodespec import NodeSpecUnits
+from shared.sdnotify import Notifier
 
 log = structlog.get_logger("agent")
 
@@ -42,12 +47,18 @@ class Agent:
         state: State,
         take_inventory: Callable[[], Inventory],
         client: ControlPlane,
+        applier: Applier | None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
         self.take_inventory = take_inventory
         self.client = client
+        self.applier = applier  # None with --dry-run: the spec is fetched and kept, not applied
+        self.notifier = notifier or Notifier()  # a no-op outside systemd
+        self.announced = False
         self.failures = 0
+        self.applied: Any | None = None  # the last apply's report, sent with every report
 
     def backoff(self) -> float:
         """Full jitter: a random wait up to base × 2^failures, capped."""
@@ -69,14 +80,13 @@ class Agent:
         )
         return credential
 
-    def cycle(self) -> None:
-        """One inventory → (join) → report → spec cycle."""
-        inventory = self.take_inventory()
-        credential = self.state.credential()
-        if credential is None:
-            credential = self.join(inventory)
+    def report(
+        self, credential: NodeCredential, inventory: Inventory
+    ) -> tuple[NodeCredential, Any]:
         try:
-            answer = self.client.report(credential.token, credential.node_id, inventory)
+            answer = self.client.report(
+                credential.token, credential.node_id, inventory, self.applied
+            )
         except Refused as exc:
             if exc.status != 401:
                 raise
@@ -84,12 +94,38 @@ class Agent:
             log.warning("node credential refused; joining again", node=credential.node_id)
             self.state.forget_credential()
             credential = self.join(inventory)
-            answer = self.client.report(credential.token, credential.node_id, inventory)
+            answer = self.client.report(
+                credential.token, credential.node_id, inventory, self.applied
+            )
+        return credential, answer
+
+    def cycle(self) -> None:
+        """One inventory → (join) → report → spec → apply cycle."""
+        inventory = self.take_inventory()
+        credential = self.state.credential()
+        if credential is None:
+            credential = self.join(inventory)
+        credential, answer = self.report(credential, inventory)
         spec = self.state.spec()
         if spec is None or spec.get("version") != answer["specVersion"]:
             spec = self.client.spec(credential.token, credential.node_id)
             self.state.save_spec(spec)
             log.info("new spec", version=spec["version"], dry_run=self.settings.dry_run)
+        if self.applier is None or not spec.get("units"):
+            return
+        # Every cycle, not only on a new spec: what drifted on the host is put back.
+        units = msgspec.convert(spec, NodeSpecUnits, strict=False)
+        applied = msgspec.to_builtins(self.applier.apply(units))
+        if applied != self.applied:
+            self.applied = applied
+            self.report(credential, inventory)  # the control plane hears the outcome now
+
+    def pause(self, stop: threading.Event, seconds: float) -> None:
+        """Wait between cycles, pinging systemd's watchdog; READY=1 after the first cycle."""
+        if not self.announced:
+            self.notifier.ready(status=f"reporting to {self.settings.controlplane}")
+            self.announced = True
+        self.notifier.wait(stop, seconds)
 
     def run(self, stop: threading.Event, once: bool = False) -> None:
         """Cycle until ``stop`` is set (or once); JoinRefused and, with ``once``, errors escape."""
@@ -102,16 +138,17 @@ class Agent:
                 wait = self.backoff()
                 self.failures += 1
                 log.warning("control plane unreachable", error=str(exc), retry_in=round(wait, 2))
-                stop.wait(wait)
+                self.pause(stop, wait)
                 continue
             except Refused as exc:
                 # A report refused (e.g. the GPUs changed family): say why, keep the last spec.
                 if once:
                     raise
                 log.error("report refused", error=str(exc))
-                stop.wait(self.settings.interval)
+                self.pause(stop, self.settings.interval)
                 continue
             self.failures = 0
             if once:
                 return
-            stop.wait(self.settings.interval)
+            self.pause(stop, self.settings.interval)
+        self.notifier.stopping()

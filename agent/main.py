@@ -10,12 +10,21 @@ from pathlib import Path
 import click
 import msgspec
 
+from agent.apply import Applier, runner_for
 from agent.client import ControlPlane, ControlPlaneError
 from agent.inventory import FixtureError, collect_inventory
 from agent.inventory.nvml import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings
+from agent.plan import describe, for_people, write_tree
 from agent.state import State
+from shared.errors import InvalidInput
+from shared.gpu import with_families
+from shared.inventory import Inventory
 from shared.log import configure_logging
+from shared.nodespec import RenderRefused
+from shared.policy import parse_policy
+from shared.render import render as render_spec
+from shared.sdnotify import Notifier
 
 fixture_option = click.option(
     "--fixture",
@@ -74,6 +83,14 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
     show_default=True,
     help="Longest wait between retries while the control plane is away.",
 )
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="Where the NodeSpec is applied. Any root but / is a directory: files are written "
+    "under it and commands are recorded in it, not run.",
+)
 @click.option("--dry-run", is_flag=True, help="Fetch and keep the NodeSpec; apply nothing.")
 @click.option("--once", is_flag=True, help="One cycle, then exit.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
@@ -86,6 +103,7 @@ def run(
     sysfs_root: Path,
     interval: float,
     backoff_max: float,
+    root: Path,
     dry_run: bool,
     once: bool,
     log_format: str,
@@ -112,7 +130,9 @@ def run(
         except FixtureError as exc:
             raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
     client = ControlPlane(controlplane)
-    agent = Agent(settings, State(state_dir), take, client)
+    notifier = Notifier.from_environment()
+    applier = None if dry_run else Applier(root, state_dir, runner_for(root, notifier))
+    agent = Agent(settings, State(state_dir), take, client, applier, notifier)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Stop between requests and exit 0, as systemd expects of a stop.
@@ -133,3 +153,69 @@ def run(
         sys.exit(2)
     finally:
         client.close()
+
+
+@cli.command()
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="The pool policy, as JSON.",
+)
+@click.option(
+    "--sharing",
+    type=click.Choice(["exclusive", "mig", "timeslice", "mps"]),
+    default="exclusive",
+    show_default=True,
+)
+@click.option(
+    "--inventory",
+    "inventory_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="An inventory as `better-compute-agent inventory` prints it.",
+)
+@fixture_option
+@fixture_host_option
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option("--json", "as_json", is_flag=True, help="The plan as JSON, for scripts.")
+def render(
+    policy_file: Path,
+    sharing: str,
+    inventory_file: Path | None,
+    fixture: Path | None,
+    fixture_host: str | None,
+    out: Path,
+    as_json: bool,
+) -> None:
+    """The local dry-run: write the files the NodeSpec would install under --out, print the plan.
+
+    The host is an inventory file or a recorded host; nothing on this machine is touched.
+    Exits 2 with the policy field and the reason when that host cannot take the policy.
+    """
+    configure_logging(stream=sys.stderr)
+    if (inventory_file is None) == (fixture is None):
+        raise click.UsageError("give --inventory or --fixture")
+    if inventory_file is not None:
+        host = msgspec.json.decode(inventory_file.read_bytes(), type=Inventory)
+    else:
+        try:
+            host = collect_inventory(fixture=fixture, fixture_host=fixture_host)
+        except FixtureError as exc:
+            raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
+    host = with_families(host)
+    families = sorted({gpu.family for gpu in host.gpus if gpu.family})
+    try:
+        policy = parse_policy(msgspec.json.decode(policy_file.read_bytes()))
+        spec = render_spec(
+            policy, sharing=sharing, gpu_model=families[0] if families else None, inventory=host
+        )
+    except InvalidInput as exc:
+        click.echo(f"better-compute-agent: {exc.details.get('field')}: {exc.message}", err=True)
+        sys.exit(2)
+    except RenderRefused as exc:
+        click.echo(f"better-compute-agent: policy.{exc.field}: {exc.message}", err=True)
+        sys.exit(2)
+    write_tree(spec, out)
+    plan = describe(spec)
+    click.echo(msgspec.json.encode(plan).decode() if as_json else for_people(plan))

@@ -1,6 +1,7 @@
 """better-compute-controlplane: the control-plane daemon."""
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from controlplane.app import make_app
 from controlplane.config import Config
 from controlplane.demo import demo
 from shared.log import configure_logging
+from shared.sdnotify import Notifier
 
 log = structlog.get_logger("controlplane")
 
@@ -23,22 +25,39 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-async def run_server(config: Config) -> None:
-    """Serve until SIGTERM or SIGINT, then stop taking requests and finish the ones in flight."""
+async def run_server(config: Config, notifier: Notifier | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then stop taking requests and finish the ones in flight.
+
+    Under systemd (``Type=notify``) it says READY=1 once the store is open and the
+    socket listens, pings the watchdog from a task on the event loop (a stuck loop
+    stops the pings, and systemd restarts the service), and says STOPPING=1 on the
+    way out. ``notifier`` defaults to the one the environment describes.
+    """
+    if notifier is None:
+        notifier = Notifier.from_environment()
     app = make_app(config)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)
-    await runner.setup()
+    await runner.setup()  # opens the store and runs its migrations (cleanup_ctx)
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
     port = runner.addresses[0][1]  # the bound port, also when --listen asked for port 0
-    log.info("serving", url=f"http://{config.host}:{port}", db=str(config.db_path))
+    url = f"http://{config.host}:{port}"
+    log.info("serving", url=url, db=str(config.db_path))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
-    log.info("shutting down")
-    await runner.cleanup()
+    watchdog = asyncio.create_task(notifier.watchdog_loop(), name="sd-watchdog")
+    notifier.ready(status=f"serving on {url}")
+    try:
+        await stop.wait()
+        notifier.stopping(status="finishing requests in flight")
+        log.info("shutting down")
+        await runner.cleanup()
+    finally:
+        watchdog.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watchdog
     log.info("stopped")
 
 

@@ -20,8 +20,13 @@ Families compare with ``==`` only: ``H20`` is not ``H200``, ``L4`` is not
 ``L40``, ``B200`` is not ``GB200``. No caller may use prefixes or substrings.
 """
 
+import functools
 import re
 from typing import Final
+
+import msgspec
+
+from shared.inventory import Inventory
 
 NVIDIA_VENDOR_ID: Final = 0x10DE
 
@@ -169,3 +174,23 @@ def _device_id(pci_device_id: int) -> int | None:
     if pci_device_id & 0xFFFF != NVIDIA_VENDOR_ID:
         return None
     return pci_device_id >> 16
+
+
+# A fleet has few distinct GPU names; every report asks again for the same ones.
+_family = functools.lru_cache(maxsize=4096)(family_of)
+
+
+def with_families(inventory: Inventory) -> Inventory:
+    """The inventory with each GPU's family derived from its NVML name and PCI id (N1).
+
+    The control plane calls this on every inventory it receives: a host's word for
+    its family is never trusted.
+    """
+    families = [_family(gpu.name, gpu.pci_device_id) for gpu in inventory.gpus]
+    if all(gpu.family == family for gpu, family in zip(inventory.gpus, families, strict=True)):
+        return inventory  # the agent said the same: nothing to rewrite
+    gpus = [
+        msgspec.structs.replace(gpu, family=family)
+        for gpu, family in zip(inventory.gpus, families, strict=True)
+    ]
+    return msgspec.structs.replace(inventory, gpus=gpus)

@@ -13,6 +13,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from shared.ids import ID_BODY
 from shared.inventory import Inventory
+from shared.nodespec import Unit
 from shared.validation import whole
 
 TenantId = Annotated[str, Meta(max_length=128, pattern=whole(r"^[A-Za-z0-9._:-]{1,128}$"))]
@@ -370,16 +371,18 @@ class Reported(Answer):
 
 
 class NodeSpec(Answer):
-    """What a node should be; the NodeSpec issue adds its configuration units."""
+    """What a node should be: the pool's policy rendered for it as ordered units (N6)."""
 
     node_id: str
     pool_id: str
-    version: str
+    version: str  # the units' content hash
     pool_version: int
     pool_class: str = msgspec.field(name="class")
     sharing: str
     gpu_model: str | None
     policy: dict[str, Any]
+    units: list[Unit]
+    reboot: bool
 
 
 class ResourceRowView(Answer):
@@ -411,6 +414,7 @@ class NodeView(Answer):
     pool_id: str
     hostname: str
     state: str
+    state_reason: str | None
     tenant_owned: bool
     joined_at: str
     last_seen_at: str | None
@@ -418,6 +422,8 @@ class NodeView(Answer):
     resources: list[ResourceRowView]
     devices: list[DeviceView]
     inventory: Inventory | None
+    spec_version: str | None
+    applied: dict[str, Any] | None  # the agent's last apply: spec version and each unit's outcome
 
 
 class NodeList(Answer):

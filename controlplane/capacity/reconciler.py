@@ -26,15 +26,17 @@ import msgspec
 import sqlite_utils
 import structlog
 from msgspec import UNSET
+from shared.render import render
 
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
-from controlplane.services.admission import LOST, READY, admission
+from controlplane.services.admission import LOST, QUARANTINED, READY, admission
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage.db import Store, now, timestamp
 from shared.inventory import Inventory
-from shared.policy import parse_policy
+from shared.nodespec import RenderRefused
+from shared.policy import Policy, parse_policy
 
 log = structlog.get_logger("controlplane.reconciler")
 
@@ -47,13 +49,20 @@ class PassStats:
     stamps_written: int = 0
 
 
-def readmit(db: sqlite_utils.Database, node: dict[str, Any], inventory: Inventory) -> bool:
-    """Re-decide a live node's state under its pool's current policy; True if it changed."""
+def readmit(
+    db: sqlite_utils.Database, node: dict[str, Any], inventory: Inventory, refusal: str | None
+) -> bool:
+    """Re-decide a live node's state under its pool's current policy; True if it changed.
+
+    ``refusal`` is why the pool's policy cannot be rendered for this host, if it cannot.
+    """
     if node["state"] == LOST:
         return False
     state, reason = admission(
         {"gpu_model": node["gpu_model"]}, msgspec.json.decode(node["policy"]), inventory
     )
+    if state == READY and refusal is not None:
+        state, reason = QUARANTINED, refusal
     if (state, reason) == (node["state"], node["state_reason"]):
         return False
     node_sql.update_node(
@@ -69,6 +78,28 @@ def readmit(db: sqlite_utils.Database, node: dict[str, Any], inventory: Inventor
     return True
 
 
+def respecify(
+    db: sqlite_utils.Database, node: dict[str, Any], policy: Policy, inventory: Inventory
+) -> str | None:
+    """Render the node's NodeSpec (N6) and store it when it moved; the refusal, if any.
+
+    A host that cannot take the policy keeps its last spec and is quarantined with the reason.
+    """
+    try:
+        units = render(
+            policy,
+            sharing=node["sharing"],
+            gpu_model=node["gpu_model"],
+            inventory=inventory,
+            booked_gpus=node_sql.booked_gpus(db, node["id"]),
+        )
+    except RenderRefused as exc:
+        return f"this host cannot take the policy: {exc.field}: {exc.message}"
+    if units.version != node["spec_version"]:
+        node_sql.put_spec(db, node["id"], msgspec.json.encode(units).decode(), units.version)
+    return None
+
+
 def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
     """Bring one node's rows and atoms to what its inventory and pool imply; returns rows written."""
     policy = parse_policy(msgspec.json.decode(node["policy"]))
@@ -76,7 +107,8 @@ def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
         msgspec.json.decode(node["inventory"], type=Inventory) if node["inventory"] else None
     )
     if inventory is not None:
-        readmit(db, node, inventory)
+        refusal = respecify(db, node, policy, inventory)
+        readmit(db, node, inventory, refusal)
     facts = HostFacts(**{name: node[name] for name in node_sql.FACTS})
     desired = desired_rows(facts, node["class"], policy)
     existing = node_sql.resource_rows(db, node["id"])

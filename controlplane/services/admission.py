@@ -4,7 +4,6 @@ Pure functions over an inventory. The control plane derives every GPU's
 family from its NVML name itself: the agent's word for it is never trusted.
 """
 
-import functools
 import hashlib
 from collections.abc import Mapping
 from typing import Any
@@ -12,26 +11,9 @@ from typing import Any
 import msgspec
 
 from shared.errors import InvalidInput
-from shared.gpu import family_of
 from shared.inventory import HugepagePool, Inventory
 
 READY, QUARANTINED, LOST = "ready", "quarantined", "lost"
-
-
-# A fleet has few distinct GPU names; every report asks again for the same ones.
-_family = functools.lru_cache(maxsize=4096)(family_of)
-
-
-def trusted(inventory: Inventory) -> Inventory:
-    """The inventory with each GPU's family derived here from its NVML name and PCI id (N1)."""
-    families = [_family(gpu.name, gpu.pci_device_id) for gpu in inventory.gpus]
-    if all(gpu.family == family for gpu, family in zip(inventory.gpus, families, strict=True)):
-        return inventory  # the agent said the same: nothing to rewrite
-    gpus = [
-        msgspec.structs.replace(gpu, family=family)
-        for gpu, family in zip(inventory.gpus, families, strict=True)
-    ]
-    return msgspec.structs.replace(inventory, gpus=gpus)
 
 
 def _settled_pages(pool: HugepagePool | None) -> HugepagePool | None:

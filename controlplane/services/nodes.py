@@ -5,7 +5,6 @@ whose inventory is unchanged writes nothing: it stamps liveness in memory
 and the reconciler persists the stamps in batches.
 """
 
-import hashlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -28,7 +27,6 @@ from controlplane.services.admission import (
     identity_of,
     same_host,
     stable_digest,
-    trusted,
 )
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
@@ -36,8 +34,10 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now, timestamp
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, Unauthenticated
+from shared.gpu import with_families
 from shared.ids import new_id
 from shared.inventory import Inventory
+from shared.nodespec import NodeSpecUnits
 from shared.schemas import (
     DeviceView,
     GpuSummary,
@@ -137,7 +137,7 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
     # A bad token is refused on the reader, without taking the single writer's time.
     with store.snapshot() as db:
         attestor(db, req)
-    inventory = trusted(req.inventory)
+    inventory = with_families(req.inventory)
     token = new_token(NODE_PREFIX)
 
     def txn(db: sqlite_utils.Database) -> NodeJoined:
@@ -226,12 +226,6 @@ def authenticate_node(db: sqlite_utils.Database, token: str) -> dict[str, Any] |
     return node_sql.node_for_token(db, token_hash(token))
 
 
-def spec_version(pool_id: str, pool_version: int, inventory_digest: str | None) -> str:
-    """Moves when the pool's policy or gpuModel (its version) or the node's inventory changes."""
-    seed = f"{pool_id}\x00{pool_version}\x00{inventory_digest}"
-    return hashlib.sha256(seed.encode()).hexdigest()[:16]
-
-
 def _own(node: Mapping[str, Any], node_id: str) -> None:
     """A node credential sees only its own node."""
     if node["id"] != node_id:
@@ -242,13 +236,13 @@ async def report_node(
     store: Store, liveness: Liveness, node: dict[str, Any], req: NodesReport
 ) -> Reported:
     _own(node, req.node_id)
-    inventory = trusted(req.inventory)
+    inventory = with_families(req.inventory)
     digest = stable_digest(inventory)
     applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
     unchanged = digest == node["inventory_hash"] and (applied is None or applied == node["applied"])
     if unchanged and node["state"] != LOST:
         liveness.seen(node["id"])  # nothing new: no write (liveness is batched)
-        return Reported(spec_version=spec_version(node["pool_id"], node["pool_version"], digest))
+        return Reported(spec_version=node["spec_version"] or "")
 
     def txn(db: sqlite_utils.Database) -> Reported:
         current = node_sql.get_node(db, node["id"])
@@ -269,24 +263,35 @@ async def report_node(
         liveness.seen(current["id"])
         if "inventory_rev" in fields:
             reconcile_one(db, current["id"])
-        return Reported(spec_version=spec_version(pool["id"], pool["version"], digest))
+        after = node_sql.get_node(db, current["id"])
+        assert after is not None
+        return Reported(spec_version=after["spec_version"] or "")
 
     return await store.write(txn)
 
 
 def node_spec(db: sqlite_utils.Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
+    """The node's NodeSpec as the reconciler last rendered it for this host (N6)."""
     _own(node, req.node_id)
     pool = pool_sql.get_pool(db, node["pool_id"])
-    assert pool is not None
+    stored = node_sql.get_node(db, node["id"])
+    assert pool is not None and stored is not None
+    units = (
+        msgspec.json.decode(stored["spec"], type=NodeSpecUnits)
+        if stored["spec"]
+        else NodeSpecUnits(version="", units=[], reboot=False)
+    )
     return NodeSpec(
         node_id=node["id"],
         pool_id=pool["id"],
-        version=spec_version(pool["id"], pool["version"], node["inventory_hash"]),
+        version=units.version,
         pool_version=pool["version"],
         pool_class=pool["class"],
         sharing=pool["sharing"],
         gpu_model=pool["gpu_model"],
         policy=msgspec.json.decode(pool["policy"]),
+        units=units.units,
+        reboot=units.reboot,
     )
 
 
@@ -328,6 +333,7 @@ def _views(
                 pool_id=node["pool_id"],
                 hostname=node["hostname"],
                 state=node["state"],
+                state_reason=node["state_reason"],
                 tenant_owned=bool(node["tenant_owned"]),
                 joined_at=node["created_at"],
                 last_seen_at=liveness.last_seen(node["id"]) or node["last_seen_at"],
@@ -345,6 +351,8 @@ def _views(
                 resources=resources[node["id"]],
                 devices=devices[node["id"]],
                 inventory=inventory,
+                spec_version=node["spec_version"],
+                applied=msgspec.json.decode(node["applied"]) if node["applied"] else None,
             )
         )
     return views

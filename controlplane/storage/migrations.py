@@ -152,6 +152,11 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE nodes ADD COLUMN state_reason TEXT;
     """,
+    # 4: each node's rendered NodeSpec and its content hash.
+    """
+    ALTER TABLE nodes ADD COLUMN spec TEXT;
+    ALTER TABLE nodes ADD COLUMN spec_version TEXT;
+    """,
 )
 
 

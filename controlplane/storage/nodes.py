@@ -43,8 +43,8 @@ def node_for_token(db: sqlite_utils.Database, hashed: bytes) -> dict[str, Any] |
     """What a report needs to decide it has nothing to write: one indexed read."""
     return one(
         db,
-        "SELECT n.id, n.pool_id, n.state, n.inventory_hash, n.applied, p.version AS pool_version "
-        "FROM nodes n JOIN pools p ON p.id = n.pool_id WHERE n.token_hash = ?",
+        "SELECT id, pool_id, state, inventory_hash, applied, spec_version FROM nodes "
+        "WHERE token_hash = ?",
         [hashed],
     )
 
@@ -91,6 +91,7 @@ def mark_lost(db: sqlite_utils.Database, node_ids: Iterable[str], at: str) -> No
 
 _RECONCILE = (
     "SELECT n.id, n.pool_id, n.hostname, n.state, n.state_reason, n.inventory, n.inventory_rev, "
+    "n.spec_version, "
     f"{', '.join('n.' + f for f in FACTS)}, p.version AS pool_version, p.class, p.sharing, "
     "p.policy, p.gpu_model, p.owner_tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id "
 )
@@ -116,6 +117,18 @@ def mark_rows_current(
         "UPDATE nodes SET rows_inventory_rev = ?, rows_pool_version = ? WHERE id = ?",
         [inventory_rev, pool_version, node_id],
     )
+
+
+def booked_gpus(db: sqlite_utils.Database, node_id: str) -> frozenset[str]:
+    """GPUs with a booked atom: their MIG layout stays until they are idle (U3)."""
+    found = db.execute(
+        "SELECT DISTINCT gpu_uuid FROM node_devices WHERE node_id = ? AND allocated = 1", [node_id]
+    )
+    return frozenset(row[0] for row in found)
+
+
+def put_spec(db: sqlite_utils.Database, node_id: str, spec: str, version: str) -> None:
+    db.execute("UPDATE nodes SET spec = ?, spec_version = ? WHERE id = ?", [spec, version, node_id])
 
 
 # --- node_resources and node_devices ---------------------------------------

@@ -8,6 +8,7 @@ can take.
 from msgspec import UNSET
 
 from shared.mig import layout_fits, profiles_for
+from shared.nodespec import RenderRefused
 from shared.policy.validate import PolicyContext, PolicyViolation
 
 SHARED_SLOTS = ("timeslice", "mps")
@@ -103,6 +104,23 @@ def validate_gpu(ctx: PolicyContext) -> None:
         raise PolicyViolation("gpu", "gpu settings need the pool's gpuModel")
 
 
+def validate_as_rendered(ctx: PolicyContext) -> None:
+    """P6: render the policy as nodes would get it, on representative hosts of the pool's model.
+
+    What the renderer refuses for such a host (huge pages beyond its memory, a power
+    limit above its GPUs', a MIG profile of another memory class…) is refused here.
+    """
+    # Imported here: shared.render imports the policy model, whose package imports this module.
+    from shared.render import render, representative_inventories
+
+    for inventory in representative_inventories(ctx.gpu_model):
+        try:
+            render(ctx.policy, sharing=ctx.sharing, gpu_model=ctx.gpu_model, inventory=inventory)
+        except RenderRefused as exc:
+            host = inventory.hostname
+            raise PolicyViolation(exc.field, f"{exc.message} (rendered for {host})") from None
+
+
 PROVISION_VALIDATORS = (
     validate_kernel_modules,
     validate_cpu,
@@ -110,4 +128,5 @@ PROVISION_VALIDATORS = (
     validate_sharing,
     validate_mig_layout,
     validate_gpu,
+    validate_as_rendered,  # last: the field checks above give the more precise errors
 )

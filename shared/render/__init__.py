@@ -1,0 +1,84 @@
+"""The NodeSpec renderer: a pool policy as one host's ordered configuration units (N6).
+
+``render`` is pure and deterministic: the same policy, sharing mode, GPU model,
+inventory and booked GPUs give byte-identical units, and the version is the
+SHA-256 of their canonical JSON, so it moves exactly when what the host must
+do moves. A policy this host cannot take raises ``RenderRefused`` with the
+policy field and the reason; the control plane renders against
+``representative_inventories`` to refuse such a policy at the API (P6).
+
+What each policy field becomes (modules: host, gpus, miglayout, cluster):
+
+| field           | units                                                                   |
+| --------------- | ----------------------------------------------------------------------- |
+| `kernelModules` | modprobe.d (blacklist, options; reboot), modules-load.d, a load each    |
+| `hugepages`     | 2Mi: sysctl.d drop-in + `vm.nr_hugepages`; 1Gi: kernel arguments        |
+| `cpu`           | governor: a oneshot systemd unit + service; isolate: kernel arguments   |
+| `iommu`         | `intel_iommu=`/`amd_iommu=` by CPU vendor, `iommu=pt`: kernel arguments |
+| `gpu`           | `nvidia-smi -pm`, `-c`, `-i UUID -pl` commands                           |
+| `migLayout`     | mig-parted config + `nvidia-mig-parted apply` (drain); booked GPUs kept |
+| `replicas`      | device-plugin sharing config; mps: the MPS control daemon service       |
+| `kubernetes`    | kubeadm JoinConfiguration (0600) + `kubeadm join`                       |
+| `prewarmImages` | `crictl pull` per image                                                 |
+
+Units are ordered so that each finds what it needs in place: module options
+before the modules load, files before the services and commands that read
+them, GPU settings before MIG, the device plugin's config before the join.
+"""
+
+import hashlib
+
+import msgspec
+
+from shared.inventory import Inventory
+from shared.nodespec import NodeSpecUnits, RenderRefused, Unit
+from shared.policy.model import Policy
+from shared.render import cluster, gpus, host, miglayout
+from shared.render.representative import representative_inventories
+
+__all__ = ["RenderRefused", "render", "representative_inventories", "spec_version"]
+
+
+def spec_version(units: list[Unit]) -> str:
+    """SHA-256 (hex) of the units' canonical JSON."""
+    return hashlib.sha256(msgspec.json.encode(units, order="deterministic")).hexdigest()
+
+
+def render(
+    policy: Policy,
+    *,
+    sharing: str,
+    gpu_model: str | None,
+    inventory: Inventory,
+    booked_gpus: frozenset[str] = frozenset(),
+    host_reserve_check: bool = True,
+) -> NodeSpecUnits:
+    """The NodeSpec of ``policy`` for the host of ``inventory`` in a pool of ``sharing``.
+
+    ``booked_gpus`` are UUIDs of GPUs with a booked atom: their MIG layout stays (U3).
+    ``host_reserve_check=False`` skips only the check that huge pages fit in memory
+    beside ``hostReserve``, for a caller whose host's memory is a guess.
+    Raises ``RenderRefused`` when this host cannot take the policy.
+    """
+    host.check_hugepages(policy, inventory, host_reserve_check=host_reserve_check)
+    kernel_args = [
+        *host.iommu_args(policy, inventory),
+        *host.hugepages_args(policy),
+        *host.isolation_args(policy, inventory),
+    ]
+    units = [
+        *host.kernel_module_units(policy),
+        *host.hugepages_units(policy),
+        *host.governor_units(policy),
+        *host.kernel_args_units(kernel_args),
+        *gpus.gpu_setting_units(policy, inventory),
+        *miglayout.mig_units(policy, sharing, gpu_model, inventory, booked_gpus),
+        *gpus.sharing_units(policy, sharing, inventory),
+        *cluster.kubernetes_units(policy, inventory),
+        *cluster.prewarm_units(policy),
+    ]
+    return NodeSpecUnits(
+        version=spec_version(units),
+        units=units,
+        reboot=any(unit.needs == "reboot" for unit in units),
+    )

@@ -1,0 +1,194 @@
+"""GPU units: nvidia-smi settings, the device plugin's sharing config, and MPS.
+
+Facts from the team reference (k8s-sharing.md): the device plugin's config
+file (``version: v1``) and MPS client limits (48 from compute capability 7.5,
+else 16).
+"""
+
+from collections.abc import Mapping, Sequence
+
+from msgspec import UNSET
+
+from shared.inventory import Gpu, Inventory
+from shared.nodespec import RenderRefused, Unit
+from shared.policy.model import Policy
+from shared.render.text import (
+    Yaml,
+    command_unit,
+    file_unit,
+    service_unit,
+    systemd_unit,
+    yaml_document,
+)
+
+DEVICE_PLUGIN_CONF = "/etc/nvidia-device-plugin/config.yaml"
+MPS_SERVICE = "better-compute-mps-control.service"
+MPS_UNIT_FILE = f"/etc/systemd/system/{MPS_SERVICE}"
+MPS_CONTROL = "/usr/bin/nvidia-cuda-mps-control"
+# Clients find the daemon through the pipe directory: containers must mount it and
+# set the same CUDA_MPS_PIPE_DIRECTORY. systemd creates both directories.
+MPS_PIPE_DIRECTORY = "/run/nvidia-mps"
+MPS_LOG_DIRECTORY = "/var/log/nvidia-mps"
+
+COMPUTE_MODES = {
+    "default": "DEFAULT",
+    "exclusive-process": "EXCLUSIVE_PROCESS",
+    "prohibited": "PROHIBITED",
+}
+
+
+def _label(gpu: Gpu) -> str:
+    return f"GPU {gpu.index} ({gpu.name})"
+
+
+def _watts(value: float) -> str:
+    return f"{value:g}"
+
+
+# --- nvidia-smi settings ---------------------------------------------------------
+
+
+def gpu_setting_units(policy: Policy, inventory: Inventory) -> list[Unit]:
+    """Persistence and compute mode for every GPU; the power limit per GPU, within its limit."""
+    settings = policy.gpu
+    if settings is UNSET:
+        return []
+    if not inventory.gpus:
+        raise RenderRefused("gpu", "this host has no GPUs to apply gpu settings to")
+    units = []
+    if settings.persistenceMode is not UNSET:
+        flag = "1" if settings.persistenceMode else "0"
+        units.append(command_unit("gpu/persistence-mode", ["nvidia-smi", "-pm", flag]))
+    if settings.computeMode is not UNSET:
+        mode = COMPUTE_MODES[settings.computeMode]
+        units.append(command_unit("gpu/compute-mode", ["nvidia-smi", "-c", mode]))
+    if settings.powerLimitW is not UNSET:
+        watts = settings.powerLimitW
+        for gpu in inventory.gpus:
+            # The inventory's limit is the one NVML enforces now; the policy may lower it,
+            # never raise it. A GPU that does not say is trusted to refuse for itself.
+            if gpu.power_limit_w is not None and watts > gpu.power_limit_w:
+                raise RenderRefused(
+                    "gpu.powerLimitW",
+                    f"{watts} W is above the {_watts(gpu.power_limit_w)} W limit of {_label(gpu)}",
+                )
+            units.append(
+                command_unit(
+                    f"gpu/power-limit/{gpu.uuid}",
+                    ["nvidia-smi", "-i", gpu.uuid, "-pl", str(watts)],
+                )
+            )
+    return units
+
+
+# --- sharing: the device plugin and MPS -------------------------------------------
+
+
+def mps_client_limit(gpu: Gpu) -> int | None:
+    """The MPS control daemon's client limit: 48 from CC 7.5, 16 below; None when unknown."""
+    if not gpu.compute_capability:
+        return None
+    major, _, minor = gpu.compute_capability.partition(".")
+    try:
+        capability = (int(major), int(minor or 0))
+    except ValueError:
+        return None
+    return 48 if capability >= (7, 5) else 16
+
+
+def _device_plugin_unit(config: Mapping[str, Yaml]) -> Unit:
+    # The plugin reads its config at start: a new one takes a restart of the plugin.
+    return file_unit(
+        "sharing/device-plugin-config",
+        DEVICE_PLUGIN_CONF,
+        yaml_document(config),
+        needs="restart",
+    )
+
+
+def sharing_units(policy: Policy, sharing: str, inventory: Inventory) -> list[Unit]:
+    """timeslice/mps: replicas per GPU in the device plugin (S1); mig: the mixed strategy."""
+    if not inventory.gpus:
+        return []  # nothing to share; gpu settings, not sharing, refuse a GPU-less host
+    if sharing == "mig":
+        # mixed: MIG devices are advertised per profile, whole GPUs stay nvidia.com/gpu.
+        return [_device_plugin_unit({"version": "v1", "flags": {"migStrategy": "mixed"}})]
+    if sharing not in ("timeslice", "mps"):
+        return []
+    if policy.replicas is UNSET:
+        raise RenderRefused("replicas", f"a {sharing} pool needs replicas (2 to 48)")
+    replicas = policy.replicas
+    if sharing == "mps":
+        for gpu in inventory.gpus:
+            limit = mps_client_limit(gpu)
+            if limit is not None and replicas > limit:
+                raise RenderRefused(
+                    "replicas",
+                    f"MPS takes at most {limit} clients on GPU {gpu.index} ({gpu.name}, "
+                    f"compute capability {gpu.compute_capability}); replicas is {replicas}",
+                )
+    strategy = "timeSlicing" if sharing == "timeslice" else "mps"
+    config: dict[str, Yaml] = {
+        "version": "v1",
+        "sharing": {
+            strategy: {
+                # Pods keep asking for nvidia.com/gpu; GFD marks the product -SHARED.
+                "renameByDefault": False,
+                # Two slots of one GPU give no more compute than one: such a request is
+                # a mistake, refused at admission rather than silently granted.
+                "failRequestsGreaterThanOne": True,
+                "resources": [{"name": "nvidia.com/gpu", "replicas": replicas}],
+            }
+        },
+    }
+    units = [_device_plugin_unit(config)]
+    if sharing == "mps":
+        units += _mps_units(replicas, inventory.gpus)
+    return units
+
+
+def _mps_units(replicas: int, gpus: Sequence[Gpu]) -> list[Unit]:
+    """The MPS control daemon, splitting each GPU's SMs and memory evenly, as the plugin's does."""
+
+    def control(command: str) -> str:
+        return f"/bin/sh -c 'echo {command} | {MPS_CONTROL}'"
+
+    service: list[tuple[str, str]] = [
+        ("Type", "forking"),
+        ("Environment", f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIRECTORY}"),
+        ("Environment", f"CUDA_MPS_LOG_DIRECTORY={MPS_LOG_DIRECTORY}"),
+        ("RuntimeDirectory", MPS_PIPE_DIRECTORY.removeprefix("/run/")),
+        ("LogsDirectory", MPS_LOG_DIRECTORY.removeprefix("/var/log/")),
+        ("ExecStart", f"{MPS_CONTROL} -d"),
+        ("ExecStartPost", control(f"set_default_active_thread_percentage {100 // replicas}")),
+    ]
+    for gpu in gpus:
+        if gpu.memory_bytes:
+            share = gpu.memory_bytes // replicas // 2**20
+            service.append(
+                (
+                    "ExecStartPost",
+                    control(f"set_default_device_pinned_mem_limit {gpu.index} {share}M"),
+                )
+            )
+    service += [("ExecStop", control("quit")), ("Restart", "on-failure")]
+    text = systemd_unit(
+        {
+            "Unit": [
+                (
+                    "Description",
+                    f"Better Compute: NVIDIA MPS control daemon ({replicas} clients per GPU)",
+                ),
+                ("After", "nvidia-persistenced.service"),
+            ],
+            "Service": service,
+            "Install": [("WantedBy", "multi-user.target")],
+        }
+    )
+    # Restarting the control daemon ends every MPS client on the host: drain first.
+    return [
+        file_unit(
+            "sharing/mps-unit-file", MPS_UNIT_FILE, text, needs="drain", restarts=[MPS_SERVICE]
+        ),
+        service_unit("sharing/mps-service", MPS_SERVICE),
+    ]
