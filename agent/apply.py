@@ -118,6 +118,10 @@ class Applier:
         self.record_path = state_dir / RECORD
         self.runner = runner
 
+    def _remembered(self, unit: Unit) -> str:
+        """What the record keeps for a unit: its digest, and the boot for every-boot commands."""
+        return _digest(unit) + (f"@{self._boot()}" if unit.every_boot else "")
+
     def _on_host(self, path: str) -> Path:
         return self.root / path.lstrip("/")
 
@@ -142,7 +146,7 @@ class Applier:
                 continue
             if status == "applied":
                 changed_units.append(unit)
-            record[unit.id] = _digest(unit)
+            record[unit.id] = self._remembered(unit)
             results.append(UnitResult(unit.id, status))
         # Only the units that ended well are remembered; a failed one is tried again next time.
         failed = {r.id for r in results if r.status == "failed"}
@@ -214,12 +218,18 @@ class Applier:
             self._must(["systemctl", "enable", "--now", name])
             return "applied"
         if any(name in other.restarts for other in changed):
+            # A changed unit file is read only after a reload: restart the new definition.
+            self._must(["systemctl", "daemon-reload"])
             self._must(["systemctl", "restart", name])
             return "applied"
         return "unchanged"
 
+    def _boot(self) -> str:
+        boot_id = self._on_host("proc/sys/kernel/random/boot_id")
+        return boot_id.read_text().strip() if boot_id.exists() else ""
+
     def _command(self, unit: Unit, record: dict[str, str]) -> Status:
-        if record.get(unit.id) == _digest(unit):
+        if record.get(unit.id) == self._remembered(unit):
             return "unchanged"
         self._must(unit.argv)
         return "pending-reboot" if unit.needs == "reboot" else "applied"

@@ -16,7 +16,7 @@ Units (what applying each means is the agent's job, agent/apply.py):
 | `module`      | a module name                   | `modprobe NAME` (its modules-load.d file is a file unit) |
 | `sysctl`      | `key=value`                     | `sysctl -w key=value` (its sysctl.d file is a file unit) |
 | `service`     | a systemd unit name             | `systemctl enable --now`; restart when `restarts` names it |
-| `command`     | an argv, one string per element | run once per change of its content                 |
+| `command`     | an argv, one string per element | run once per change of its content (and after each boot with `everyBoot`) |
 
 `needs` says what taking the unit asks of the host: nothing, a service
 restart, a drain (workloads off the GPUs), or a reboot.
@@ -39,6 +39,7 @@ class Unit(Struct, rename="camel", kw_only=True, omit_defaults=True, frozen=True
     mode: int = 0o644
     needs: Needs = "nothing"
     restarts: list[str] = []  # services to restart when this unit changes
+    every_boot: bool = False  # kind command: its effect does not survive a reboot (nvidia-smi, MIG)
 
 
 class NodeSpecUnits(Struct, rename="camel", kw_only=True, frozen=True):

@@ -108,7 +108,8 @@ def test_a_changed_file_restarts_its_service_and_drift_is_put_back(tmp_path: Pat
     host.ran.clear()
     report = {r.id: r.status for r in applier.apply(changed).units}
     assert report["mps/unit-file"] == "applied" and report["mps/service"] == "applied"
-    assert ["systemctl", "restart", "mps.service"] in host.ran
+    restart = host.ran.index(["systemctl", "restart", "mps.service"])
+    assert host.ran[restart - 1] == ["systemctl", "daemon-reload"]  # the new definition runs
     (tmp_path / "root/etc/modules-load.d/better-compute.conf").write_text("tampered\n")
     assert {r.id: r.status for r in applier.apply(changed).units}["modules/file"] == "applied"
 
@@ -186,3 +187,30 @@ def test_a_crash_mid_apply_leaves_every_file_old_or_new(tmp_path: Path) -> None:
             data = path.read_bytes()
             assert data in (b"A" * 200_000, b"B" * 200_000), (path, len(data))
         json.loads((state / "applied.json").read_text())  # the record too is whole
+
+
+def test_every_boot_commands_run_again_after_a_reboot(tmp_path: Path) -> None:
+    """GPU settings do not survive a reboot: an every-boot command runs again under a new boot id."""
+    root = tmp_path / "root"
+    boot_id = root / "proc/sys/kernel/random/boot_id"
+    boot_id.parent.mkdir(parents=True)
+    boot_id.write_text("boot-1\n")
+    host = FakeHost(root)
+    applier = Applier(root, tmp_path / "state", host)
+    spec = NodeSpecUnits(
+        version="g",
+        reboot=False,
+        units=[
+            Unit(
+                id="gpu/persistence-mode",
+                kind="command",
+                argv=["nvidia-smi", "-pm", "1"],
+                every_boot=True,
+            ),
+            Unit(id="images/pull", kind="command", argv=["crictl", "pull", "x"]),
+        ],
+    )
+    applier.apply(spec)
+    assert [u.status for u in applier.apply(spec).units] == ["unchanged", "unchanged"]
+    boot_id.write_text("boot-2\n")
+    assert [u.status for u in applier.apply(spec).units] == ["applied", "unchanged"]

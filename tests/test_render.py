@@ -142,6 +142,8 @@ def golden_text(case: Case) -> str:
             lines += [f"path: {unit.path}", f"mode: {unit.mode:04o}"]
         if unit.argv:
             lines.append(f"argv: {shlex.join(unit.argv)}")
+        if unit.every_boot:
+            lines.append("every boot: yes")
         if unit.restarts:
             lines.append(f"restarts: {', '.join(unit.restarts)}")
         if unit.kind == "file":
@@ -548,8 +550,23 @@ def test_families_compare_exactly() -> None:
 
 
 def test_cpu_pools_render_for_the_recorded_vps() -> None:
-    """N1: a pool without gpuModel takes hosts without GPUs."""
-    assert [inv.hostname for inv in representative_inventories(None)] == ["vps-cpu-01"]
+    """N1: a pool without gpuModel takes hosts without GPUs: the recorded VPS and a large CPU host."""
+    hosts = representative_inventories(None)
+    assert [inv.hostname for inv in hosts] == ["vps-cpu-01", "synthetic-cpu-host"]
+    assert all(not inv.gpus for inv in hosts)
+
+
+def test_other_memory_variants_are_representative_too() -> None:
+    """P6: an H100 pool is rendered for 80 GB, NVL 94 GB and 96 GB hosts; A100 for 80 and 40 GB."""
+    assert [inv.hostname for inv in representative_inventories("H100")] == [
+        "dgx-h100-01",
+        "synthetic-h100-95830mib",
+        "synthetic-h100-97871mib",
+    ]
+    assert [inv.hostname for inv in representative_inventories("A100")] == [
+        "dgx-a100-02",
+        "synthetic-a100-40960mib",
+    ]
 
 
 @pytest.mark.parametrize("family", sorted(MODELS))

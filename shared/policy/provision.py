@@ -107,18 +107,24 @@ def validate_gpu(ctx: PolicyContext) -> None:
 def validate_as_rendered(ctx: PolicyContext) -> None:
     """P6: render the policy as nodes would get it, on representative hosts of the pool's model.
 
-    What the renderer refuses for such a host (huge pages beyond its memory, a power
-    limit above its GPUs', a MIG profile of another memory class…) is refused here.
+    Refused when no such host can take it (huge pages beyond any host's memory, a power
+    limit above every GPU's, a MIG profile no variant has…); a joining host that cannot
+    take a policy others can is quarantined with the reason instead.
     """
     # Imported here: shared.render imports the policy model, whose package imports this module.
     from shared.render import render, representative_inventories
 
+    refusals: list[tuple[RenderRefused, str]] = []
     for inventory in representative_inventories(ctx.gpu_model):
         try:
             render(ctx.policy, sharing=ctx.sharing, gpu_model=ctx.gpu_model, inventory=inventory)
-        except RenderRefused as exc:
-            host = inventory.hostname
-            raise PolicyViolation(exc.field, f"{exc.message} (rendered for {host})") from None
+        except RenderRefused as refused:
+            refusals.append((refused, inventory.hostname))
+        else:
+            return
+    if refusals:
+        first, host = refusals[0]
+        raise PolicyViolation(first.field, f"{first.message} (rendered for {host})")
 
 
 PROVISION_VALIDATORS = (

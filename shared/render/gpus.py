@@ -58,10 +58,13 @@ def gpu_setting_units(policy: Policy, inventory: Inventory) -> list[Unit]:
     units = []
     if settings.persistenceMode is not UNSET:
         flag = "1" if settings.persistenceMode else "0"
-        units.append(command_unit("gpu/persistence-mode", ["nvidia-smi", "-pm", flag]))
+        # GPU settings do not survive a reboot: the agent runs them again after each boot.
+        units.append(
+            command_unit("gpu/persistence-mode", ["nvidia-smi", "-pm", flag], every_boot=True)
+        )
     if settings.computeMode is not UNSET:
         mode = COMPUTE_MODES[settings.computeMode]
-        units.append(command_unit("gpu/compute-mode", ["nvidia-smi", "-c", mode]))
+        units.append(command_unit("gpu/compute-mode", ["nvidia-smi", "-c", mode], every_boot=True))
     if settings.powerLimitW is not UNSET:
         watts = settings.powerLimitW
         for gpu in inventory.gpus:
@@ -76,6 +79,7 @@ def gpu_setting_units(policy: Policy, inventory: Inventory) -> list[Unit]:
                 command_unit(
                     f"gpu/power-limit/{gpu.uuid}",
                     ["nvidia-smi", "-i", gpu.uuid, "-pl", str(watts)],
+                    every_boot=True,
                 )
             )
     return units

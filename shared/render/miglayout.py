@@ -131,6 +131,7 @@ def mig_units(
             ["nvidia-mig-parted", "apply", "-f", MIG_PARTED_CONF, "-c", MIG_CONFIG_NAME],
             note=f"layout sha256:{digest}",
             needs="drain",
+            every_boot=True,  # GPU instances are gone after a reboot; MIG mode is not
         ),
     ]
 

@@ -254,6 +254,16 @@ MODELS: dict[str, Model] = {
     ),
 }
 
+# Other memory variants of families that have a recorded host: a pool of the family may
+# hold them, so a policy only they can take (their MIG profile names) is not refused.
+VARIANTS: dict[str, tuple[Model, ...]] = {
+    "A100": (Model("NVIDIA A100-SXM4-40GB", 0x20B0, 40960, (8, 0), 400),),
+    "H100": (
+        Model("NVIDIA H100 NVL", 0x2321, 95830, (9, 0), 400),
+        Model("NVIDIA H100", 0x2339, 97871, (9, 0), 700),
+    ),
+}
+
 TEMPLATE_HOST = "dgx-h100-01"  # the CPUs, memory, disks and PCI slots of synthetic hosts
 SYNTHETIC_GPUS = 8
 
@@ -263,9 +273,9 @@ def _synthetic_uuid(family: str, index: int) -> str:
     return f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}"
 
 
-def _synthetic(family: str, template: Inventory) -> Inventory:
+def _synthetic(family: str, template: Inventory, variant: Model | None = None) -> Inventory:
     """An 8-GPU host of a model no recorded host has; an unknown model's facts stay unknown."""
-    model = MODELS.get(family, Model(f"NVIDIA {family}", None, None, None, None))
+    model = variant or MODELS.get(family, Model(f"NVIDIA {family}", None, None, None, None))
     mig_capable = bool(profiles_for(family))
     gpus = []
     for index, slot in enumerate(template.gpus[:SYNTHETIC_GPUS]):
@@ -286,21 +296,30 @@ def _synthetic(family: str, template: Inventory) -> Inventory:
                 power_limit_w=float(model.power_w) if model.power_w is not None else None,
             )
         )
-    name = f"synthetic-{family.lower()}"
+    name = f"synthetic-{family.lower()}" + (f"-{model.mib}mib" if variant else "")
     return msgspec.structs.replace(template, machine_id=name, hostname=name, gpus=gpus)
+
+
+def _large_cpu_host(template: Inventory) -> Inventory:
+    """A two-socket host without GPUs (the template's CPUs, memory and 1 GiB page support)."""
+    name = "synthetic-cpu-host"
+    nvml = Nvml(available=False, error="NVMLError_LibraryNotFound")
+    return msgspec.structs.replace(template, machine_id=name, hostname=name, gpus=[], nvml=nvml)
 
 
 def representative_inventories(gpu_model: str | None) -> list[Inventory]:
     """Hosts a pool of ``gpu_model`` would hold, to render its policy for before any joins.
 
-    The recorded hosts whose GPUs are of that family (compared exactly, N1), else one
-    synthetic 8-GPU host; for no model, the recorded hosts without GPUs.
+    The recorded hosts whose GPUs are of that family (compared exactly, N1) and synthetic
+    hosts of its other memory variants, else one synthetic 8-GPU host; for no model, the
+    recorded hosts without GPUs and a large CPU host. A policy is refused at the API only
+    when none of them can take it; a node that cannot is quarantined when it joins.
     """
     hosts = [recorded_inventory(host) for host in _recorded()]
+    template = next(inv for inv in hosts if inv.hostname == TEMPLATE_HOST)
     if gpu_model is None:
-        return [inv for inv in hosts if not inv.gpus]
+        return [inv for inv in hosts if not inv.gpus] + [_large_cpu_host(template)]
     matching = [inv for inv in hosts if any(g.family == gpu_model for g in inv.gpus)]
     if matching:
-        return matching
-    template = next(inv for inv in hosts if inv.hostname == TEMPLATE_HOST)
+        return matching + [_synthetic(gpu_model, template, m) for m in VARIANTS.get(gpu_model, ())]
     return [_synthetic(gpu_model, template)]

@@ -95,13 +95,22 @@ def file_unit(
     )
 
 
-def command_unit(id: str, argv: Sequence[str], *, note: str = "", needs: Needs = "nothing") -> Unit:
+def command_unit(
+    id: str,
+    argv: Sequence[str],
+    *,
+    note: str = "",
+    needs: Needs = "nothing",
+    every_boot: bool = False,
+) -> Unit:
     """A command run once per change of the unit.
 
     ``note`` goes into the unit's content: it is what should make the command run
     again (the digest of the file it applies, say) when the argv alone does not move.
     """
-    return Unit(id=id, kind="command", argv=list(argv), content=note, needs=needs)
+    return Unit(
+        id=id, kind="command", argv=list(argv), content=note, needs=needs, every_boot=every_boot
+    )
 
 
 def service_unit(id: str, name: str, *, needs: Needs = "nothing") -> Unit:
