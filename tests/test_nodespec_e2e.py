@@ -73,3 +73,42 @@ async def test_a_policy_update_reaches_the_agents_applied_files(tmp_path: Path) 
             log.close()
     finally:
         daemon.kill()
+
+
+async def test_dry_run_fetches_the_spec_and_touches_nothing(tmp_path: Path) -> None:
+    """--dry-run: the agent keeps the NodeSpec in its state directory and writes nothing under its root."""
+    daemon = Daemon(tmp_path)
+    daemon.start()
+    try:
+        pool, token_file = await demo_pool(daemon)
+        async with aiohttp.ClientSession() as session:
+            await call(
+                session,
+                daemon.url,
+                "compute/pools/update",
+                daemon.token,
+                {
+                    "tenantId": "root",
+                    "poolId": pool,
+                    "policy": {
+                        "hugepages": {"2Mi": 512},
+                        "hostReserve": {"vcpu": 8, "memoryGiB": 64},
+                    },
+                },
+            )
+        root = tmp_path / "host-root"
+        root.mkdir()
+        done = subprocess.run(
+            agent_command(
+                daemon, token_file, "dgx-h100-01", "--once", "--dry-run", "--root", str(root)
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        spec = json.loads((daemon.workdir / "agent" / "spec.json").read_text())
+        assert any(u["id"] == "hugepages/sysctl" for u in spec["units"])
+        assert list(root.iterdir()) == []
+    finally:
+        daemon.kill()
