@@ -19,7 +19,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 import structlog
@@ -72,16 +72,29 @@ class RecordingRunner:
     """For a root that is a directory, not this host: commands are written down, not run.
 
     ``modprobe`` or ``systemctl`` cannot act on a directory; recording them under the root
-    (``var/lib/better-compute/commands.log``) shows what a host would have run.
+    (``var/lib/better-compute/commands.log``) shows what a host would have run. What a host
+    would then show in /proc (a loaded module, a sysctl's value) is written there too, so a
+    second apply into the directory finds it done, as on a host.
     """
 
     def __init__(self, root: Path) -> None:
+        self.root = root
         self.log = root / "var/lib/better-compute/commands.log"
 
     def run(self, argv: Sequence[str]) -> Outcome:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("a") as handle:
             handle.write(json.dumps(list(argv)) + "\n")
+        if argv[:1] == ["modprobe"] and len(argv) == 2:
+            modules = self.root / "proc/modules"
+            modules.parent.mkdir(parents=True, exist_ok=True)
+            with modules.open("a") as handle:
+                handle.write(f"{argv[1].replace('-', '_')} 0 0 - Live 0x0\n")
+        if argv[:2] == ["sysctl", "-w"] and len(argv) == 3:
+            key, _, value = argv[2].partition("=")
+            target = self.root / "proc/sys" / key.replace(".", "/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(value + "\n")
         return Outcome(0, "recorded")
 
 
@@ -112,60 +125,68 @@ def _digest(unit: Unit) -> str:
     return hashlib.sha256(msgspec.json.encode(unit)).hexdigest()
 
 
+Entry = dict[str, Any]  # what the record keeps of one applied unit
+
+
 class Applier:
     def __init__(self, root: Path, state_dir: Path, runner: Runner) -> None:
         self.root = root
         self.record_path = state_dir / RECORD
         self.runner = runner
 
-    def _remembered(self, unit: Unit) -> str:
-        """What the record keeps for a unit: its digest, and the boot for every-boot commands."""
-        return _digest(unit) + (f"@{self._boot()}" if unit.every_boot else "")
-
     def _on_host(self, path: str) -> Path:
         return self.root / path.lstrip("/")
 
-    def _record(self) -> dict[str, str]:
+    def _record(self) -> dict[str, Entry]:
         if not self.record_path.exists():
             return {}
         return dict(json.loads(self.record_path.read_text()))
 
     def apply(self, spec: NodeSpecUnits) -> ApplyReport:
+        """Apply every unit, then undo the units an earlier spec had and this one has not."""
         record = self._record()
         results: list[UnitResult] = []
-        changed_units: list[Unit] = []
         for unit in spec.units:
             try:
-                status = self._apply(unit, record, changed_units)
-            except OSError as exc:
-                status, error = "failed", f"{exc.strerror or exc}: {exc.filename or ''}".strip()
-                results.append(UnitResult(unit.id, status, error))
+                status, entry = self._apply(unit, spec, record.get(unit.id))
+            except (OSError, CommandFailed) as exc:
+                # Not recorded: a failed unit is tried again next time.
+                results.append(UnitResult(unit.id, "failed", _error(exc)))
                 continue
-            except CommandFailed as exc:
-                results.append(UnitResult(unit.id, "failed", str(exc)))
-                continue
-            if status == "applied":
-                changed_units.append(unit)
-            record[unit.id] = self._remembered(unit)
+            record[unit.id] = entry
             results.append(UnitResult(unit.id, status))
-        # Only the units that ended well are remembered; a failed one is tried again next time.
-        failed = {r.id for r in results if r.status == "failed"}
-        kept = {key: value for key, value in record.items() if key not in failed}
-        atomic_write(self.record_path, json.dumps(kept, indent=1, sort_keys=True).encode(), 0o600)
+        wanted = {unit.id for unit in spec.units}
+        # Services first, so a service is stopped before its unit file goes.
+        gone = sorted(
+            (i for i in record if i not in wanted), key=lambda i: record[i]["kind"] != "service"
+        )
+        for unit_id in gone:
+            try:
+                status = self._remove(record[unit_id])
+            except (OSError, CommandFailed) as exc:
+                results.append(UnitResult(unit_id, "failed", _error(exc)))
+                continue
+            del record[unit_id]
+            results.append(UnitResult(unit_id, status))
+        atomic_write(self.record_path, json.dumps(record, indent=1, sort_keys=True).encode(), 0o600)
         return ApplyReport(version=spec.version, units=results)
 
-    def _apply(self, unit: Unit, record: dict[str, str], changed: list[Unit]) -> Status:
+    def _apply(self, unit: Unit, spec: NodeSpecUnits, had: Entry | None) -> tuple[Status, Entry]:
+        entry: Entry = {"kind": unit.kind, "key": _digest(unit)}
         if unit.kind == "file":
-            return self._file(unit)
+            assert unit.path is not None
+            return self._file(unit), {**entry, "path": unit.path}
         if unit.kind == "kernel-args":
-            return self._kernel_args(unit)
+            return self._kernel_args(unit, had, entry)
         if unit.kind == "module":
-            return self._module(unit)
+            return self._module(unit), entry
         if unit.kind == "sysctl":
-            return self._sysctl(unit)
+            return self._sysctl(unit), entry
         if unit.kind == "service":
-            return self._service(unit, record, changed)
-        return self._command(unit, record)
+            return self._service(unit, spec, had, entry)
+        if unit.kind == "command":
+            return self._command(unit, had, entry)
+        raise CommandFailed(f"unit kind {unit.kind} is not known to this agent")
 
     def _file(self, unit: Unit) -> Status:
         assert unit.path is not None
@@ -180,24 +201,38 @@ class Applier:
         atomic_write(target, data, unit.mode)
         return "pending-reboot" if unit.needs == "reboot" else "applied"
 
-    def _kernel_args(self, unit: Unit) -> Status:
-        """A boot loader drop-in; the arguments take effect at the next boot."""
+    def _kernel_args(self, unit: Unit, had: Entry | None, entry: Entry) -> tuple[Status, Entry]:
+        """A boot loader drop-in; the arguments take effect at the next boot.
+
+        Arguments an earlier spec set and this one dropped stay "retired" until the host
+        boots without them, so removing `isolcpus` is pending until a reboot too.
+        """
         drop_in = self._on_host(BOOT_DROP_IN)
         text = boot_drop_in(unit.content)
-        if not drop_in.exists() or drop_in.read_text() != text:
+        wanted = unit.content.split()
+        retired = set((had or {}).get("retired", [])) | (
+            set((had or {}).get("args", [])) - set(wanted)
+        )
+        if (
+            not drop_in.exists()
+            or drop_in.read_text() != text
+            or (had or {}).get("key") != entry["key"]
+        ):
             atomic_write(drop_in, text.encode(), 0o644)
-            self._must(["update-grub"])
+            self._must(["update-grub"])  # a failure leaves the record behind: tried again next time
         cmdline = self._on_host("proc/cmdline")
-        booted = cmdline.exists() and set(unit.content.split()) <= set(cmdline.read_text().split())
-        return "unchanged" if booted else "pending-reboot"
+        running = set(cmdline.read_text().split()) if cmdline.exists() else set()
+        booted = set(wanted) <= running and not (retired & running)
+        entry = {**entry, "args": wanted, "retired": [] if booted else sorted(retired)}
+        return ("unchanged" if booted else "pending-reboot"), entry
 
     def _module(self, unit: Unit) -> Status:
+        name = unit.content.replace("-", "_")
         modules = self._on_host("proc/modules")
         loaded = modules.exists() and any(
-            line.split(" ", 1)[0] == unit.content.replace("-", "_")
-            for line in modules.read_text().splitlines()
+            line.split(" ", 1)[0] == name for line in modules.read_text().splitlines()
         )
-        if loaded:
+        if loaded or self._on_host(f"sys/module/{name}").exists():  # built-in modules show in /sys
             return "unchanged"
         self._must(["modprobe", unit.content])
         return "applied"
@@ -211,34 +246,67 @@ class Applier:
         self._must(["sysctl", "-w", f"{key}={value}"])
         return "applied"
 
-    def _service(self, unit: Unit, record: dict[str, str], changed: list[Unit]) -> Status:
+    def _service(
+        self, unit: Unit, spec: NodeSpecUnits, had: Entry | None, entry: Entry
+    ) -> tuple[Status, Entry]:
+        """Enabled and started once; restarted whenever a unit that names it in `restarts` moved.
+
+        The key covers those units, so a restart that failed is tried again next time.
+        """
         name = unit.content
-        if record.get(unit.id) != _digest(unit):
+        feeding = sorted(_digest(u) for u in spec.units if name in u.restarts)
+        key = hashlib.sha256((entry["key"] + "".join(feeding)).encode()).hexdigest()
+        entry = {**entry, "key": key, "service": name}
+        if had is None:
             self._must(["systemctl", "daemon-reload"])
             self._must(["systemctl", "enable", "--now", name])
-            return "applied"
-        if any(name in other.restarts for other in changed):
+            return "applied", entry
+        if had.get("key") != key:
             # A changed unit file is read only after a reload: restart the new definition.
             self._must(["systemctl", "daemon-reload"])
             self._must(["systemctl", "restart", name])
-            return "applied"
-        return "unchanged"
+            return "applied", entry
+        return "unchanged", entry
 
     def _boot(self) -> str:
         boot_id = self._on_host("proc/sys/kernel/random/boot_id")
         return boot_id.read_text().strip() if boot_id.exists() else ""
 
-    def _command(self, unit: Unit, record: dict[str, str]) -> Status:
-        if record.get(unit.id) == self._remembered(unit):
-            return "unchanged"
+    def _command(self, unit: Unit, had: Entry | None, entry: Entry) -> tuple[Status, Entry]:
+        """Run once per change of the unit, and once per boot for every-boot commands."""
+        if unit.every_boot:
+            entry = {**entry, "key": f"{entry['key']}@{self._boot()}"}
+        if had is not None and had.get("key") == entry["key"]:
+            return "unchanged", entry
         self._must(unit.argv)
-        return "pending-reboot" if unit.needs == "reboot" else "applied"
+        return ("pending-reboot" if unit.needs == "reboot" else "applied"), entry
+
+    def _remove(self, entry: Entry) -> Status:
+        """Undo what a unit that left the spec installed: its file, drop-in or service."""
+        kind = entry["kind"]
+        if kind == "file":
+            self._on_host(entry["path"]).unlink(missing_ok=True)
+        elif kind == "kernel-args":
+            self._on_host(BOOT_DROP_IN).unlink(missing_ok=True)
+            self._must(["update-grub"])
+            return "pending-reboot"
+        elif kind == "service":
+            self._must(["systemctl", "disable", "--now", entry["service"]])
+        # A module stays loaded, a sysctl keeps its value and a command's effect stays until the
+        # next boot; their files (if any) are file units, removed above.
+        return "applied"
 
     def _must(self, argv: Sequence[str]) -> None:
         outcome = self.runner.run(argv)
         log.info("ran", argv=list(argv), code=outcome.returncode)
         if outcome.returncode != 0:
             raise CommandFailed(f"{' '.join(argv)} exited {outcome.returncode}: {outcome.output}")
+
+
+def _error(exc: BaseException) -> str:
+    if isinstance(exc, OSError):
+        return f"{exc.strerror or exc}: {exc.filename or ''}".strip()
+    return str(exc)
 
 
 class CommandFailed(Exception):

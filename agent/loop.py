@@ -111,14 +111,30 @@ class Agent:
             spec = self.client.spec(credential.token, credential.node_id)
             self.state.save_spec(spec)
             log.info("new spec", version=spec["version"], dry_run=self.settings.dry_run)
-        if self.applier is None or not spec.get("units"):
-            return
-        # Every cycle, not only on a new spec: what drifted on the host is put back.
-        units = msgspec.convert(spec, NodeSpecUnits, strict=False)
-        applied = msgspec.to_builtins(self.applier.apply(units))
-        if applied != self.applied:
-            self.applied = applied
+        if self.apply(spec):
             self.report(credential, inventory)  # the control plane hears the outcome now
+
+    def apply(self, spec: dict[str, Any] | None) -> bool:
+        """Apply a spec (the kept one when the control plane is away); True if the outcome moved.
+
+        Every cycle, not only on a new spec: what drifted on the host is put back.
+        """
+        if self.applier is None or spec is None:
+            return False
+        units = msgspec.convert(
+            {
+                "version": spec["version"],
+                "units": spec.get("units", []),
+                "reboot": spec.get("reboot", False),
+            },
+            NodeSpecUnits,
+            strict=False,
+        )
+        applied = msgspec.to_builtins(self.applier.apply(units))
+        if applied == self.applied:
+            return False
+        self.applied = applied
+        return True
 
     def pause(self, stop: threading.Event, seconds: float) -> None:
         """Wait between cycles, pinging systemd's watchdog; READY=1 after the first cycle."""
@@ -135,6 +151,7 @@ class Agent:
             except Unreachable as exc:
                 if once:
                     raise
+                self.apply(self.state.spec())  # DESIGN §6: keep applying the last spec
                 wait = self.backoff()
                 self.failures += 1
                 log.warning("control plane unreachable", error=str(exc), retry_in=round(wait, 2))
@@ -145,6 +162,15 @@ class Agent:
                 if once:
                     raise
                 log.error("report refused", error=str(exc))
+                self.pause(stop, self.settings.interval)
+                continue
+            except JoinRefused:
+                raise
+            except Exception:
+                # A bug or a spec this agent cannot read must not stop it for good: log, retry.
+                if once:
+                    raise
+                log.exception("cycle failed")
                 self.pause(stop, self.settings.interval)
                 continue
             self.failures = 0

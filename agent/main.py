@@ -22,7 +22,7 @@ from shared.gpu import with_families
 from shared.inventory import Inventory
 from shared.log import configure_logging
 from shared.nodespec import RenderRefused
-from shared.policy import parse_policy
+from shared.policy import FIELD_VALIDATORS, validate_policy
 from shared.render import render as render_spec
 from shared.sdnotify import Notifier
 
@@ -206,12 +206,27 @@ def render(
     host = with_families(host)
     families = sorted({gpu.family for gpu in host.gpus if gpu.family})
     try:
-        policy = parse_policy(msgspec.json.decode(policy_file.read_bytes()))
+        raw = msgspec.json.decode(policy_file.read_bytes())
+        if not isinstance(raw, dict):
+            raise InvalidInput("the policy must be a JSON object", field="policy")
+        # The same field rules the API applies, for a pool of this host's model and --sharing.
+        policy = validate_policy(
+            raw,
+            FIELD_VALIDATORS,
+            pool_class="metal-host",
+            sharing=sharing,
+            gpu_model=families[0] if families else None,
+            site_kind="custom",
+            attestors=frozenset({"join-token"}),
+        )
         spec = render_spec(
             policy, sharing=sharing, gpu_model=families[0] if families else None, inventory=host
         )
     except InvalidInput as exc:
         click.echo(f"better-compute-agent: {exc.details.get('field')}: {exc.message}", err=True)
+        sys.exit(2)
+    except msgspec.DecodeError as exc:
+        click.echo(f"better-compute-agent: {policy_file}: not JSON: {exc}", err=True)
         sys.exit(2)
     except RenderRefused as exc:
         click.echo(f"better-compute-agent: policy.{exc.field}: {exc.message}", err=True)

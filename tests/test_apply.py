@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from agent.apply import Applier, Outcome
+from agent.apply import Applier, Outcome, RecordingRunner
 from shared.nodespec import NodeSpecUnits, Unit
 
 SPEC = NodeSpecUnits(
@@ -155,7 +155,7 @@ def test_kernel_args_wait_for_a_reboot(tmp_path: Path) -> None:
 CRASHER = """
 import sys
 from pathlib import Path
-from agent.apply import Applier, Outcome
+from agent.apply import Applier, Outcome, RecordingRunner
 from shared.nodespec import NodeSpecUnits, Unit
 root, state, round_ = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 class Host:
@@ -214,3 +214,108 @@ def test_every_boot_commands_run_again_after_a_reboot(tmp_path: Path) -> None:
     assert [u.status for u in applier.apply(spec).units] == ["unchanged", "unchanged"]
     boot_id.write_text("boot-2\n")
     assert [u.status for u in applier.apply(spec).units] == ["applied", "unchanged"]
+
+
+def test_units_that_leave_the_spec_are_undone(tmp_path: Path) -> None:
+    """A unit an earlier spec had and this one has not: its file goes, its service stops, its args leave."""
+    host = FakeHost(tmp_path / "root")
+    applier = Applier(tmp_path / "root", tmp_path / "state", host)
+    with_args = NodeSpecUnits(
+        version="a",
+        reboot=True,
+        units=[
+            *SPEC.units,
+            Unit(id="kernel/cmdline", kind="kernel-args", content="iommu=pt", needs="reboot"),
+        ],
+    )
+    applier.apply(with_args)
+    host.ran.clear()
+    keep = [u for u in SPEC.units if not u.id.startswith("mps/")]
+    result = {
+        r.id: r.status
+        for r in applier.apply(NodeSpecUnits(version="b", reboot=False, units=keep)).units
+    }
+    assert result["mps/service"] == "applied" and result["mps/unit-file"] == "applied"
+    assert result["kernel/cmdline"] == "pending-reboot"
+    assert host.ran[0] == [
+        "systemctl",
+        "disable",
+        "--now",
+        "mps.service",
+    ]  # stopped before its file goes
+    assert not (tmp_path / "root/etc/systemd/system/mps.service").exists()
+    assert not (tmp_path / "root/etc/default/grub.d/90-better-compute.cfg").exists()
+    assert {
+        r.status for r in applier.apply(NodeSpecUnits(version="b", reboot=False, units=keep)).units
+    } == {"unchanged"}
+
+
+def test_a_failed_restart_is_tried_again(tmp_path: Path) -> None:
+    """A restart that failed after its unit file changed runs again on the next apply."""
+    host = FakeHost(tmp_path / "root")
+    applier = Applier(tmp_path / "root", tmp_path / "state", host)
+    applier.apply(SPEC)
+    changed = NodeSpecUnits(
+        version="v2",
+        reboot=False,
+        units=[
+            Unit(id=u.id, kind=u.kind, path=u.path, content="[Service]\nX=2\n", restarts=u.restarts)
+            if u.id == "mps/unit-file"
+            else u
+            for u in SPEC.units
+        ],
+    )
+    host.fail = {"systemctl"}
+    assert {r.id: r.status for r in applier.apply(changed).units}["mps/service"] == "failed"
+    host.fail = set()
+    host.ran.clear()
+    assert {r.id: r.status for r in applier.apply(changed).units}["mps/service"] == "applied"
+    assert ["systemctl", "restart", "mps.service"] in host.ran
+
+
+def test_a_failed_update_grub_is_tried_again_and_dropped_args_wait_for_a_reboot(
+    tmp_path: Path,
+) -> None:
+    """Kernel args: update-grub runs again after a failure; an argument removed stays pending until a boot without it."""
+    root = tmp_path / "root"
+    host = FakeHost(root, fail={"update-grub"})
+    applier = Applier(root, tmp_path / "state", host)
+    spec = NodeSpecUnits(
+        version="k",
+        reboot=True,
+        units=[
+            Unit(
+                id="kernel/cmdline",
+                kind="kernel-args",
+                content="iommu=pt isolcpus=2-3",
+                needs="reboot",
+            )
+        ],
+    )
+    assert applier.apply(spec).units[0].status == "failed"
+    host.fail = set()
+    assert applier.apply(spec).units[0].status == "pending-reboot"
+    assert ["update-grub"] in host.ran
+    (root / "proc").mkdir(parents=True, exist_ok=True)
+    (root / "proc/cmdline").write_text("quiet iommu=pt isolcpus=2-3\n")
+    assert applier.apply(spec).units[0].status == "unchanged"
+    fewer = NodeSpecUnits(
+        version="k2",
+        reboot=True,
+        units=[Unit(id="kernel/cmdline", kind="kernel-args", content="iommu=pt", needs="reboot")],
+    )
+    assert applier.apply(fewer).units[0].status == "pending-reboot"  # still booted with isolcpus
+    (root / "proc/cmdline").write_text("quiet iommu=pt\n")
+    assert applier.apply(fewer).units[0].status == "unchanged"
+
+
+def test_applying_into_a_directory_twice_changes_nothing(tmp_path: Path) -> None:
+    """A directory root records commands and what they would show in /proc: the second apply is all unchanged."""
+    root = tmp_path / "root"
+    applier = Applier(root, tmp_path / "state", RecordingRunner(root))
+    applier.apply(SPEC)
+    log = root / "var/lib/better-compute/commands.log"
+    recorded = log.read_text()
+    assert {r.status for r in applier.apply(SPEC).units} == {"unchanged"}
+    assert log.read_text() == recorded
+    assert json.loads(recorded.splitlines()[0]) == ["modprobe", "vfio_pci"]

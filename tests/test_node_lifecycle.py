@@ -221,3 +221,64 @@ async def test_a_node_credential_cannot_reach_another_real_node(api: Api) -> Non
     )
     assert response.status == 404
     assert wire(recorded("l40s-node-03"))["hostname"] == "l40s-node-03"
+
+
+async def test_a_host_that_cannot_take_the_policy_stays_quarantined_when_it_reports(
+    api: Api, db: Path
+) -> None:
+    """N6: a render refusal quarantines the node, and its next reports (applied results) keep it so."""
+    pool, token = await pool_with_token(api, gpuModel="L40S")
+    node = await joined(api, token, recorded("l40s-node-03"))
+    # 504 GiB host: 400 GiB of 1 GiB pages beside a 200 GiB reserve cannot fit on it.
+    policy = {"hostReserve": {"vcpu": 0, "memoryGiB": 200}, "hugepages": {"1Gi": 400}}
+    await api.ok("compute/pools/update", {"tenantId": "root", "poolId": pool, "policy": policy})
+    one_pass(db)
+    view = await node_view(api, node)
+    assert view["state"] == "quarantined" and "hugepages" in view["stateReason"]
+    response = await api.client.post(
+        "/api/compute/nodes/report",
+        json={
+            "nodeId": node["nodeId"],
+            "inventory": wire(recorded("l40s-node-03")),
+            "applied": {"version": "x", "units": []},
+        },
+        headers={"Authorization": f"Bearer {node['token']}"},
+    )
+    assert response.status == 200
+    assert (await node_view(api, node))["state"] == "quarantined"
+
+
+async def test_u3_a_booked_gpu_takes_the_new_layout_once_idle(api: Api, db: Path) -> None:
+    """U3: a new migLayout never repartitions a booked GPU; once its booking ends, the next pass gives it the layout."""
+    pool, token = await pool_with_token(api, gpuModel="A100", sharing="mig")
+    node = await joined(api, token, recorded("dgx-a100-02"))
+    a100 = recorded("dgx-a100-02")
+    booked = next(g for g in a100.gpus if g.mig_current)
+    execute(db, "UPDATE node_devices SET allocated = 1 WHERE gpu_uuid = ?", (booked.uuid,))
+    layout = {"migLayout": {"default": ["7g.80gb"]}}
+    await api.ok("compute/pools/update", {"tenantId": "root", "poolId": pool, "policy": layout})
+    one_pass(db)
+    [spec] = execute(db, "SELECT spec FROM nodes")
+    assert spec[0].count("7g.80gb") >= 1
+    held_version = execute(db, "SELECT spec_version FROM nodes")
+    one_pass(db)  # still booked: looked at again, same spec
+    assert execute(db, "SELECT spec_version FROM nodes") == held_version
+    execute(db, "UPDATE node_devices SET allocated = 0")
+    one_pass(db)
+    assert execute(db, "SELECT spec_version FROM nodes") != held_version
+    assert node["nodeId"]
+
+
+async def test_a_policy_update_moves_the_spec_version_even_when_no_unit_changes(
+    api: Api, db: Path
+) -> None:
+    """A policy update (here: an unknown field only) moves every node of the pool to a new spec version."""
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    [before] = execute(db, "SELECT spec_version FROM nodes")
+    await api.ok(
+        "compute/pools/update", {"tenantId": "root", "poolId": pool, "policy": {"team": "infra"}}
+    )
+    one_pass(db)
+    [after] = execute(db, "SELECT spec_version FROM nodes")
+    assert after != before

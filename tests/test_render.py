@@ -46,7 +46,7 @@ def spec_of(
     inventory: Inventory,
     sharing: str = "exclusive",
     booked: frozenset[str] = frozenset(),
-    host_reserve_check: bool = True,
+    host_size_checks: bool = True,
 ) -> NodeSpecUnits:
     families = sorted({g.family for g in inventory.gpus if g.family})
     return render(
@@ -55,7 +55,7 @@ def spec_of(
         gpu_model=families[0] if families else None,
         inventory=inventory,
         booked_gpus=booked,
-        host_reserve_check=host_reserve_check,
+        host_size_checks=host_size_checks,
     )
 
 
@@ -379,11 +379,21 @@ def test_a_host_that_cannot_take_the_policy_is_refused(
     assert words in refused.value.message
 
 
-def test_the_host_reserve_check_can_be_skipped_for_a_guessed_host() -> None:
-    """P6: host_reserve_check=False drops only the memory check of huge pages."""
-    policy = {"hostReserve": {"memoryGiB": 64}, "hugepages": {"1Gi": 448}}
-    spec = spec_of(policy, host("l40s-node-03"), host_reserve_check=False)
-    assert "hugepages=448" in spec.units[0].content
+def test_the_host_size_checks_can_be_skipped_for_a_guessed_host() -> None:
+    """P6: host_size_checks=False drops what depends on the host's size: memory and CPU count."""
+    policy = {
+        "hostReserve": {"memoryGiB": 64},
+        "hugepages": {"1Gi": 448},
+        "cpu": {"isolate": "8-383"},
+    }
+    spec = spec_of(policy, host("l40s-node-03"), host_size_checks=False)
+    assert "hugepages=448" in spec.units[0].content and "isolcpus=8-383" in spec.units[0].content
+
+
+def test_one_gi_pages_leave_the_default_page_size_alone() -> None:
+    """1 GiB pages never set default_hugepagesz: vm.nr_hugepages must keep meaning 2 MiB pages."""
+    spec = spec_of({"hugepages": {"1Gi": 16}}, host("hgx-h200-01"))
+    assert "default_hugepagesz" not in spec.units[0].content
 
 
 def test_a_reserve_larger_than_the_host_is_no_refusal_without_pages() -> None:
@@ -478,8 +488,7 @@ def test_kernel_arguments_are_one_unit() -> None:
     spec = spec_of(policy, host("ws-rtx4090"))
     assert [u.kind for u in spec.units] == ["kernel-args"]
     assert spec.units[0].content == (
-        "amd_iommu=on default_hugepagesz=1G hugepagesz=1G hugepages=8 "
-        "isolcpus=2-3 nohz_full=2-3 rcu_nocbs=2-3"
+        "amd_iommu=on hugepagesz=1G hugepages=8 isolcpus=2-3 nohz_full=2-3 rcu_nocbs=2-3"
     )
     assert spec.reboot
 

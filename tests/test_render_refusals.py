@@ -16,10 +16,16 @@ AGENT = Path(sys.executable).parent / "better-compute-agent"
 REFUSED: list[tuple[str, str, dict[str, Any], str]] = [
     # (gpuModel, sharing, policy, field)
     ("H100", "exclusive", {"gpu": {"powerLimitW": 2000}}, "policy.gpu.powerLimitW"),
-    ("H100", "exclusive", {"hugepages": {"1Gi": 60000}}, "policy.hugepages"),
-    ("H100", "exclusive", {"cpu": {"isolate": "1-4000"}}, "policy.cpu.isolate"),
+    ("H100", "exclusive", {"cpu": {"isolate": "8-4"}}, "policy.cpu.isolate"),
     ("V100", "mps", {"replicas": 20}, "policy.replicas"),
     ("A100", "mig", {"migLayout": {"default": ["1g.12gb"]}}, "policy.migLayout.default"),
+    (
+        "L40S",
+        "timeslice",
+        {"replicas": 4, "gpu": {"computeMode": "exclusive-process"}},
+        "policy.gpu.computeMode",
+    ),
+    ("H100", "exclusive", {"gpu": {"powerLimitW": 1}}, "policy.gpu.powerLimitW"),
 ]
 TAKEN: list[tuple[str, str, dict[str, Any]]] = [
     (
@@ -33,6 +39,9 @@ TAKEN: list[tuple[str, str, dict[str, Any]]] = [
         {"gpu": {"powerLimitW": 650}},
     ),  # the 400 W NVL would refuse, the SXM takes it
     ("V100", "mps", {"replicas": 16}),
+    # A host's size is its own (a node that cannot take these is quarantined), not the model's:
+    ("B200", "exclusive", {"cpu": {"isolate": "8-383"}}),
+    ("L40S", "exclusive", {"hugepages": {"1Gi": 600}}),
 ]
 
 
@@ -135,6 +144,13 @@ def test_render_writes_the_tree_and_prints_the_plan(tmp_path: Path) -> None:
         ("dgx-h100-01", {"gpu": {"powerLimitW": 900}}, "policy.gpu.powerLimitW"),
         ("vps-cpu-01", {"gpu": {"persistenceMode": True}}, "policy.gpu"),
         ("vps-cpu-01", {"hugepages": {"1Gi": 2}}, "policy.hugepages"),
+        ("dgx-h100-01", {"cpu": {"isolate": "0-3"}}, "policy.cpu.isolate"),
+        (
+            "dgx-h100-01",
+            {"kernelModules": {"load": ["nouveau"], "blacklist": ["nouveau"]}},
+            "policy.kernelModules",
+        ),
+        ("dgx-h100-01", {"replicas": 4}, "policy.replicas"),
     ],
 )
 def test_render_exits_2_with_the_field_when_the_host_cannot_take_it(

@@ -18,6 +18,7 @@ memory has not seen the fleet yet.
 
 import asyncio
 import functools
+import hashlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,6 @@ import msgspec
 import sqlite_utils
 import structlog
 from msgspec import UNSET
-from shared.render import render
 
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
@@ -35,8 +35,9 @@ from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage.db import Store, now, timestamp
 from shared.inventory import Inventory
-from shared.nodespec import RenderRefused
+from shared.nodespec import NodeSpecUnits, RenderRefused
 from shared.policy import Policy, parse_policy
+from shared.render import render
 
 log = structlog.get_logger("controlplane.reconciler")
 
@@ -78,26 +79,46 @@ def readmit(
     return True
 
 
+def served_version(node: dict[str, Any], units: NodeSpecUnits) -> str:
+    """The version of the spec as served: its units, and the pool version, model, sharing and
+    policy it carries, so a policy update or a gpuModel change moves every node's spec."""
+    seed = "\x00".join(
+        [
+            units.version,
+            str(node["pool_version"]),
+            node["gpu_model"] or "",
+            node["sharing"],
+            node["policy"],
+        ]
+    )
+    return hashlib.sha256(seed.encode()).hexdigest()
+
+
 def respecify(
     db: sqlite_utils.Database, node: dict[str, Any], policy: Policy, inventory: Inventory
-) -> str | None:
-    """Render the node's NodeSpec (N6) and store it when it moved; the refusal, if any.
+) -> tuple[str | None, bool]:
+    """Render the node's NodeSpec (N6) and store it when it moved.
 
-    A host that cannot take the policy keeps its last spec and is quarantined with the reason.
+    Returns the refusal (a host that cannot take the policy keeps its last spec and is
+    quarantined with the reason) and whether a booked GPU kept an older MIG layout (U3),
+    in which case the node is looked at again until its GPUs are idle.
     """
+    booked = node_sql.booked_gpus(db, node["id"])
     try:
         units = render(
             policy,
             sharing=node["sharing"],
             gpu_model=node["gpu_model"],
             inventory=inventory,
-            booked_gpus=node_sql.booked_gpus(db, node["id"]),
+            booked_gpus=booked,
         )
     except RenderRefused as exc:
-        return f"this host cannot take the policy: {exc.field}: {exc.message}"
-    if units.version != node["spec_version"]:
-        node_sql.put_spec(db, node["id"], msgspec.json.encode(units).decode(), units.version)
-    return None
+        return f"this host cannot take the policy: {exc.field}: {exc.message}", False
+    version = served_version(node, units)
+    if version != node["spec_version"]:
+        node_sql.put_spec(db, node["id"], msgspec.json.encode(units).decode(), version)
+    held_layout = bool(booked) and node["sharing"] == "mig" and policy.migLayout is not UNSET
+    return None, held_layout
 
 
 def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
@@ -106,13 +127,13 @@ def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
     inventory = (
         msgspec.json.decode(node["inventory"], type=Inventory) if node["inventory"] else None
     )
+    writes, held = 0, False
     if inventory is not None:
-        refusal = respecify(db, node, policy, inventory)
+        refusal, held = respecify(db, node, policy, inventory)
         readmit(db, node, inventory, refusal)
     facts = HostFacts(**{name: node[name] for name in node_sql.FACTS})
     desired = desired_rows(facts, node["class"], policy)
     existing = node_sql.resource_rows(db, node["id"])
-    writes, held = 0, False
     for resource, row in desired.items():
         have = existing.get(resource)
         capacity = settled(row.capacity, have["allocated"] if have else 0)

@@ -255,14 +255,14 @@ async def report_node(
         if digest != current["inventory_hash"]:
             fields.update(_inventory_fields(inventory), hostname=inventory.hostname)
             fields["inventory_rev"] = current["inventory_rev"] + 1
-        state, reason = admission(pool, msgspec.json.decode(pool["policy"]), inventory)
-        if (state, reason) != (current["state"], current["state_reason"]):
-            fields.update(state=state, state_reason=reason)
-            _state_event(db, pool, current, state, reason)
+        if current["state"] == LOST:
+            # Back: ready for now; the reconcile below re-decides (acceptance, family, render).
+            fields.update(state=READY, state_reason=None)
+            _state_event(db, pool, current, READY, None)
         node_sql.update_node(db, current["id"], fields)
         liveness.seen(current["id"])
-        if "inventory_rev" in fields:
-            reconcile_one(db, current["id"])
+        # One place decides a node's state: the same render and admission as every pass.
+        reconcile_one(db, current["id"])
         after = node_sql.get_node(db, current["id"])
         assert after is not None
         return Reported(spec_version=after["spec_version"] or "")
@@ -284,7 +284,7 @@ def node_spec(db: sqlite_utils.Database, node: dict[str, Any], req: NodesSpec) -
     return NodeSpec(
         node_id=node["id"],
         pool_id=pool["id"],
-        version=units.version,
+        version=stored["spec_version"] or "",
         pool_version=pool["version"],
         pool_class=pool["class"],
         sharing=pool["sharing"],

@@ -80,7 +80,7 @@ class Iommu(Section):
 class Gpu(Section):
     persistenceMode: bool | UnsetType = UNSET
     computeMode: Literal["default", "exclusive-process", "prohibited"] | UnsetType = UNSET
-    powerLimitW: Annotated[int, Meta(ge=1, le=5000)] | UnsetType = UNSET
+    powerLimitW: Annotated[int, Meta(ge=30, le=5000)] | UnsetType = UNSET  # no GPU runs below 30 W
 
 
 class Kubernetes(Section):

@@ -73,6 +73,16 @@ def validate_sharing(ctx: PolicyContext) -> None:
         raise PolicyViolation("replicas", "replicas applies only to timeslice and mps pools")
     if ctx.sharing in SHARED_SLOTS and ctx.pool_class == "vps-host":
         raise PolicyViolation("replicas", "vps-host pools do not share GPUs in slots")
+    gpu = ctx.policy.gpu
+    if (
+        ctx.sharing in SHARED_SLOTS
+        and gpu is not UNSET
+        and gpu.computeMode in ("exclusive-process", "prohibited")
+    ):
+        raise PolicyViolation(
+            "gpu.computeMode",
+            f"{gpu.computeMode} leaves no room for the {ctx.sharing} slots sharing a GPU",
+        )
 
 
 def validate_mig_layout(ctx: PolicyContext) -> None:
@@ -117,7 +127,13 @@ def validate_as_rendered(ctx: PolicyContext) -> None:
     refusals: list[tuple[RenderRefused, str]] = []
     for inventory in representative_inventories(ctx.gpu_model):
         try:
-            render(ctx.policy, sharing=ctx.sharing, gpu_model=ctx.gpu_model, inventory=inventory)
+            render(
+                ctx.policy,
+                sharing=ctx.sharing,
+                gpu_model=ctx.gpu_model,
+                inventory=inventory,
+                host_size_checks=False,  # a host's size is its own; each node checks it
+            )
         except RenderRefused as refused:
             refusals.append((refused, inventory.hostname))
         else:

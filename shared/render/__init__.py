@@ -51,20 +51,21 @@ def render(
     gpu_model: str | None,
     inventory: Inventory,
     booked_gpus: frozenset[str] = frozenset(),
-    host_reserve_check: bool = True,
+    host_size_checks: bool = True,
 ) -> NodeSpecUnits:
     """The NodeSpec of ``policy`` for the host of ``inventory`` in a pool of ``sharing``.
 
     ``booked_gpus`` are UUIDs of GPUs with a booked atom: their MIG layout stays (U3).
-    ``host_reserve_check=False`` skips only the check that huge pages fit in memory
-    beside ``hostReserve``, for a caller whose host's memory is a guess.
+    ``host_size_checks=False`` skips what depends on the host's size, not its GPU model
+    (huge pages fitting in memory beside ``hostReserve``, isolated CPUs it has): the API
+    renders on representative hosts whose size is a guess; each node checks its own.
     Raises ``RenderRefused`` when this host cannot take the policy.
     """
-    host.check_hugepages(policy, inventory, host_reserve_check=host_reserve_check)
+    host.check_hugepages(policy, inventory, host_size_checks=host_size_checks)
     kernel_args = [
         *host.iommu_args(policy, inventory),
         *host.hugepages_args(policy),
-        *host.isolation_args(policy, inventory),
+        *host.isolation_args(policy, inventory, host_size_checks=host_size_checks),
     ]
     units = [
         *host.kernel_module_units(policy),

@@ -54,10 +54,12 @@ def kubernetes_units(policy: Policy, inventory: Inventory) -> list[Unit]:
                     "caCertHashes": [kubernetes.caCertHash],
                 }
             },
-            "nodeRegistration": {"name": inventory.hostname},
+            # kubeadm's own default: an RFC 1123 name, so a host called "GPU-01" still joins.
+            "nodeRegistration": {"name": inventory.hostname.lower()},
         }
     )
     return [
+        *kubelet_prerequisite_units(),
         file_unit("kubernetes/join-config", JOIN_CONF, config, mode=0o600),
         # Needs nothing: joining adds a node with no pods yet and kubeadm starts the
         # kubelet itself; a drain or restart would only disturb what runs here now.
@@ -67,8 +69,39 @@ def kubernetes_units(policy: Policy, inventory: Inventory) -> list[Unit]:
         command_unit(
             "kubernetes/join",
             ["kubeadm", "join", "--config", JOIN_CONF],
-            note=f"join {endpoint} as {inventory.hostname}",
+            note=f"join {endpoint} as {inventory.hostname.lower()}",
         ),
+    ]
+
+
+KUBE_MODULES_CONF = "/etc/modules-load.d/better-compute-kubernetes.conf"
+KUBE_SYSCTL_CONF = "/etc/sysctl.d/90-better-compute-kubernetes.conf"
+KUBE_MODULES = ("overlay", "br_netfilter")
+KUBE_SYSCTLS = (
+    ("net.bridge.bridge-nf-call-iptables", "1"),
+    ("net.bridge.bridge-nf-call-ip6tables", "1"),
+    ("net.ipv4.ip_forward", "1"),
+)
+
+
+def kubelet_prerequisite_units() -> list[Unit]:
+    """What kubeadm's preflight and the kubelet need on a fresh host (kubeadm's install guide):
+    overlay and br_netfilter loaded, bridged traffic seen by iptables, forwarding, no swap."""
+    modules = "".join(f"{name}\n" for name in KUBE_MODULES)
+    sysctls = "".join(f"{key} = {value}\n" for key, value in KUBE_SYSCTLS)
+    return [
+        file_unit("kubernetes/modules-file", KUBE_MODULES_CONF, modules),
+        *(
+            Unit(id=f"kubernetes/module/{name}", kind="module", content=name)
+            for name in KUBE_MODULES
+        ),
+        file_unit("kubernetes/sysctl-file", KUBE_SYSCTL_CONF, sysctls),
+        *(
+            Unit(id=f"kubernetes/sysctl/{key}", kind="sysctl", content=f"{key}={value}")
+            for key, value in KUBE_SYSCTLS
+        ),
+        # The kubelet refuses to start with swap on; swap comes back at boot from fstab.
+        command_unit("kubernetes/swapoff", ["swapoff", "-a"], every_boot=True),
     ]
 
 

@@ -124,6 +124,11 @@ def sharing_units(policy: Policy, sharing: str, inventory: Inventory) -> list[Un
     replicas = policy.replicas
     if sharing == "mps":
         for gpu in inventory.gpus:
+            if gpu.mig_current:
+                # The device plugin refuses MPS on MIG devices (k8s-sharing.md).
+                raise RenderRefused(
+                    "replicas", f"MPS cannot share GPU {gpu.index} ({gpu.name}): it is in MIG mode"
+                )
             limit = mps_client_limit(gpu)
             if limit is not None and replicas > limit:
                 raise RenderRefused(

@@ -38,7 +38,7 @@ Vendor = Literal["intel", "amd"]
 # --- huge pages ------------------------------------------------------------------
 
 
-def check_hugepages(policy: Policy, inventory: Inventory, *, host_reserve_check: bool) -> None:
+def check_hugepages(policy: Policy, inventory: Inventory, *, host_size_checks: bool) -> None:
     """Refuse pages the host cannot offer or hold beside its reserve (never an OOM host)."""
     pages = policy.hugepages
     if pages is UNSET:
@@ -51,7 +51,7 @@ def check_hugepages(policy: Policy, inventory: Inventory, *, host_reserve_check:
     if pages.pages_2mi and inventory.hugepages.pages_2mi is None:
         raise RenderRefused("hugepages.2Mi", "this host offers no 2 MiB pages")
     wanted = pages.pages_2mi * PAGE_2MI + pages.pages_1gi * PAGE_1GI
-    if not host_reserve_check or not wanted:
+    if not host_size_checks or not wanted:
         return
     reserve_gib = policy.hostReserve.memoryGiB if policy.hostReserve is not UNSET else 0
     kept = max(math.ceil(reserve_gib * GiB), MIN_HOST_MEMORY)
@@ -90,12 +90,9 @@ def hugepages_args(policy: Policy) -> list[str]:
     pages = policy.hugepages
     if pages is UNSET or not pages.pages_1gi:
         return []
-    args = ["hugepagesz=1G", f"hugepages={pages.pages_1gi}"]
-    # vm.nr_hugepages sizes the pool of the *default* page size. With 2 MiB pages
-    # also asked for, the default stays 2M so that sysctl keeps meaning 2 MiB pages.
-    if not pages.pages_2mi:
-        args.insert(0, "default_hugepagesz=1G")
-    return args
+    # The default page size stays 2 MiB: vm.nr_hugepages sizes the default pool, and a
+    # later policy adding 2 MiB pages must not reserve that many 1 GiB pages instead.
+    return ["hugepagesz=1G", f"hugepages={pages.pages_1gi}"]
 
 
 # --- kernel modules --------------------------------------------------------------
@@ -179,7 +176,9 @@ def _cpu_ranges(spec: str) -> list[tuple[int, int]]:
     return ranges
 
 
-def isolation_args(policy: Policy, inventory: Inventory) -> list[str]:
+def isolation_args(
+    policy: Policy, inventory: Inventory, *, host_size_checks: bool = True
+) -> list[str]:
     """Isolated CPUs leave the scheduler, the timer tick and RCU callbacks to the others."""
     cpu = policy.cpu
     if cpu is UNSET or cpu.isolate is UNSET:
@@ -190,13 +189,13 @@ def isolation_args(policy: Policy, inventory: Inventory) -> list[str]:
     for low, high in _cpu_ranges(spec):
         if low > high:
             raise RenderRefused("cpu.isolate", f"the range {low}-{high} runs backwards")
-        if high >= count:
+        if host_size_checks and high >= count:
             raise RenderRefused(
                 "cpu.isolate",
                 f"this host has CPUs 0-{count - 1}; it cannot isolate CPU {high}",
             )
         isolated.update(range(low, high + 1))
-    if len(isolated) >= count:
+    if host_size_checks and len(isolated) >= count:
         raise RenderRefused(
             "cpu.isolate",
             "isolating every CPU leaves none to run the host",
