@@ -19,7 +19,8 @@ import pytest
 import structlog
 
 from shared.sdnotify import Notifier
-from tests.daemons import DAEMON, free_port
+from tests.daemons import DAEMON, Daemon, free_port
+from tests.test_agent_e2e import agent_command, demo_pool
 
 
 class FakeSystemd:
@@ -243,3 +244,32 @@ def test_controlplane_daemon_notifies_systemd(systemd: FakeSystemd, tmp_path: Pa
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+async def test_agent_notifies_systemd(systemd: FakeSystemd, tmp_path: Path) -> None:
+    """The real agent says READY=1 after its first cycle, pings the watchdog between cycles, says STOPPING=1."""
+    daemon = Daemon(tmp_path)
+    daemon.start()
+    try:
+        _, token_file = await demo_pool(daemon)
+        env = {**os.environ, "NOTIFY_SOCKET": systemd.address, "WATCHDOG_USEC": "1000000"}
+        env.pop("WATCHDOG_PID", None)
+        argv = agent_command(
+            daemon, token_file, "dgx-h100-01", "--interval", "30", "--root", str(tmp_path / "root")
+        )
+        with (tmp_path / "agent.log").open("wb") as out:
+            process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            ready, _ = systemd.until("READY")
+            assert daemon.url in ready["STATUS"]
+            for _ in range(2):
+                assert "WATCHDOG" in systemd.until("WATCHDOG", timeout=5)[0]
+            process.send_signal(signal.SIGTERM)
+            assert systemd.until("STOPPING", timeout=20)[0]["STOPPING"] == "1"
+            assert process.wait(timeout=20) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    finally:
+        daemon.kill()

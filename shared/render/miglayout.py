@@ -20,7 +20,8 @@ from shared.nodespec import RenderRefused, Unit
 from shared.policy.model import Policy
 from shared.render.text import Yaml, command_unit, file_unit, yaml_document
 
-MIG_PARTED_CONF = "/etc/nvidia-mig-manager/config.yaml"
+# Our own file beside nvidia-mig-manager's config.yaml, whose named configs its boot service uses.
+MIG_PARTED_CONF = "/etc/nvidia-mig-manager/better-compute.yaml"
 MIG_CONFIG_NAME = "better-compute"
 
 
