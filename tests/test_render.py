@@ -22,7 +22,7 @@ from shared.inventory import Cpu, Inventory
 from shared.mig import VARIANTS
 from shared.nodespec import NodeSpecUnits, RenderRefused
 from shared.policy import parse_policy
-from shared.render import render, representative_inventories
+from shared.render import render, representative, representative_inventories
 from shared.render.representative import MODELS
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
@@ -155,6 +155,10 @@ def golden_text(case: Case) -> str:
 
 
 def regenerate() -> None:
+    hosts = [msgspec.to_builtins(host(name)) for name in RECORDED]
+    path = Path(representative.__file__).with_name(representative.RECORDED_HOSTS)
+    path.write_text(json.dumps(hosts, indent=1) + "\n")
+    print(f"wrote {path}")
     GOLDEN.mkdir(exist_ok=True)
     for case in CASES:
         case.path.write_text(golden_text(case))
@@ -535,11 +539,13 @@ def test_duplicate_images_and_modules_render_once() -> None:
 
 @pytest.mark.parametrize("name", RECORDED)
 def test_recorded_hosts_read_as_their_agent_reports_them(name: str) -> None:
-    """P6: a representative recorded host is the inventory its agent sends."""
+    """P6: a representative recorded host is the inventory its agent sends (the shipped
+    recorded-hosts.json is up to date with the agent's inventory code)."""
     wanted = host(name)
     models = {g.family for g in wanted.gpus} or {None}
     (model,) = models
     assert wanted in representative_inventories(model)
+    assert wanted in representative.recorded_hosts()
 
 
 def test_a_model_without_a_recorded_host_gets_a_synthetic_one() -> None:

@@ -15,198 +15,27 @@ from dataclasses import dataclass
 from importlib import resources
 
 import msgspec
-from msgspec import Struct
 
-from shared.gpu import family_of
 from shared.inventory import (
-    Cpu,
-    Filesystem,
     Gpu,
-    HugepagePool,
-    Hugepages,
     Inventory,
-    MigInstance,
     Nvml,
 )
 from shared.mig import profiles_for
 
-# --- the recorded hosts: only the fields an inventory reads -----------------------
+# --- the recorded hosts ------------------------------------------------------------
 
-
-class _Pci(Struct):
-    busId: str
-    pciDeviceId: str  # "0x233010DE"
-
-
-class _MigInstance(Struct):
-    nvml_name: str
-    uuid: str
-    gpu_instance_id: int
-    compute_instance_id: int
-    mig_device_index: int
-    memory_total_bytes: int | None = None
-
-
-class _Mig(Struct):
-    supported: bool
-    current_mode: int = 0
-    pending_mode: int = 0
-    instances: list[_MigInstance] = []
-
-
-class _Gpu(Struct):
-    index: int
-    name: str
-    uuid: str
-    pci: _Pci
-    memory_total_bytes: int
-    mig: _Mig
-    serial: str | None = None
-    cuda_compute_capability: tuple[int, int] | None = None
-    persistence_mode: int | None = None
-    power_management_limit_mw: int | None = None
-    temperature_gpu_c: int | None = None
-    ecc_mode: tuple[int, int] | None = None
-    ecc_uncorrected_volatile: int = 0
-
-
-class _Nvml(Struct):
-    available: bool
-    init_exception: str | None = None
-    driver_version: str | None = None
-    nvml_version: str | None = None
-    cuda_driver_version: int | None = None
-
-
-class _Pool(Struct):
-    total: int
-    free: int
-
-
-class _Hugepages(Struct, rename={"pages_2mi": "2Mi", "pages_1gi": "1Gi"}):
-    pages_2mi: _Pool | None = None
-    pages_1gi: _Pool | None = None
-
-
-class _Disk(Struct):
-    path: str
-    total_bytes: int
-    device: str | None = None
-
-
-class _Cpu(Struct):
-    sockets: int
-    logical_cpus: int
-    physical_cores: int | None = None
-    model: str | None = None
-    vendor: str | None = None
-
-
-class _Host(Struct):
-    id: str
-    hostname: str
-    nvml: _Nvml
-    cpu: _Cpu
-    memory_total_bytes: int
-    hugepages: _Hugepages
-    disks: list[_Disk] = []
-    gpus: list[_Gpu] = []
-    machine_id: str | None = None
-
-
-class _Fixtures(Struct):
-    hosts: list[_Host]
+# The recorded hosts (agent/fixtures/host-fixtures.json) as their agents report them,
+# taken once by the agent's own inventory code through the fake NVML and kept as package
+# data, so the renderer needs no second reading of the fixture format. Regenerate with
+# `python -m tests.test_render`; a test checks it still equals what the agent reports.
+RECORDED_HOSTS = "recorded-hosts.json"
 
 
 @functools.cache
-def _recorded() -> tuple[_Host, ...]:
-    """The recorded hosts, read once: the file is package data and never changes at runtime."""
-    data = resources.files("agent").joinpath("fixtures/host-fixtures.json").read_bytes()
-    return tuple(msgspec.json.decode(data, type=_Fixtures).hosts)
-
-
-def _pool(pool: _Pool | None) -> HugepagePool | None:
-    return HugepagePool(total=pool.total, free=pool.free) if pool is not None else None
-
-
-def _mig_instance(instance: _MigInstance) -> MigInstance:
-    return MigInstance(
-        uuid=instance.uuid,
-        profile=instance.nvml_name.partition(" MIG ")[2].strip(),
-        gpu_instance_id=instance.gpu_instance_id,
-        compute_instance_id=instance.compute_instance_id,
-        memory_bytes=instance.memory_total_bytes,
-    )
-
-
-def _gpu(gpu: _Gpu) -> Gpu:
-    """The GPU as the agent's NVML collector reports it (agent/inventory/nvml.py)."""
-    device_id = int(gpu.pci.pciDeviceId, 16)
-    ecc = gpu.ecc_mode
-    mig_on = gpu.mig.supported and gpu.mig.current_mode == 1
-    capability = gpu.cuda_compute_capability
-    instances = sorted(gpu.mig.instances, key=lambda i: i.mig_device_index)
-    return Gpu(
-        index=gpu.index,
-        uuid=gpu.uuid,
-        name=gpu.name,
-        family=family_of(gpu.name, device_id),
-        memory_bytes=gpu.memory_total_bytes,
-        serial=gpu.serial,
-        pci_bus_id=gpu.pci.busId,
-        pci_device_id=device_id,
-        compute_capability=f"{capability[0]}.{capability[1]}" if capability else None,
-        mig_supported=gpu.mig.supported,
-        mig_current=mig_on,
-        mig_pending=gpu.mig.supported and gpu.mig.pending_mode == 1,
-        mig_instances=[_mig_instance(i) for i in instances] if mig_on else [],
-        persistence_mode=None if gpu.persistence_mode is None else gpu.persistence_mode == 1,
-        power_limit_w=(
-            gpu.power_management_limit_mw / 1000
-            if gpu.power_management_limit_mw is not None
-            else None
-        ),
-        ecc_current=bool(ecc[0]) if ecc is not None else None,
-        ecc_pending=bool(ecc[1]) if ecc is not None else None,
-        ecc_uncorrected_volatile=gpu.ecc_uncorrected_volatile if ecc and ecc[0] else None,
-        temperature_c=gpu.temperature_gpu_c,
-    )
-
-
-def _nvml(nvml: _Nvml) -> Nvml:
-    if not nvml.available:
-        return Nvml(available=False, error=nvml.init_exception or "NVMLError_LibraryNotFound")
-    cuda = nvml.cuda_driver_version
-    return Nvml(
-        available=True,
-        driver_version=nvml.driver_version,
-        nvml_version=nvml.nvml_version,
-        cuda_driver_version=f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda is not None else None,
-    )
-
-
-def recorded_inventory(host: _Host) -> Inventory:
-    """A recorded host as its agent reports it."""
-    return Inventory(
-        machine_id=host.machine_id or f"fixture-{host.id}",
-        hostname=host.hostname,
-        cpu=Cpu(
-            sockets=host.cpu.sockets,
-            logical_cpus=host.cpu.logical_cpus,
-            physical_cores=host.cpu.physical_cores,
-            model=host.cpu.model,
-            vendor=host.cpu.vendor,
-        ),
-        memory_total_bytes=host.memory_total_bytes,
-        hugepages=Hugepages(
-            pages_2mi=_pool(host.hugepages.pages_2mi), pages_1gi=_pool(host.hugepages.pages_1gi)
-        ),
-        nvml=_nvml(host.nvml),
-        filesystems=[
-            Filesystem(path=d.path, total_bytes=d.total_bytes, device=d.device) for d in host.disks
-        ],
-        gpus=[_gpu(g) for g in host.gpus],
-    )
+def recorded_hosts() -> tuple[Inventory, ...]:
+    data = resources.files("shared.render").joinpath(RECORDED_HOSTS).read_bytes()
+    return tuple(msgspec.json.decode(data, type=list[Inventory]))
 
 
 # --- synthetic hosts ---------------------------------------------------------------
@@ -315,7 +144,7 @@ def representative_inventories(gpu_model: str | None) -> list[Inventory]:
     recorded hosts without GPUs and a large CPU host. A policy is refused at the API only
     when none of them can take it; a node that cannot is quarantined when it joins.
     """
-    hosts = [recorded_inventory(host) for host in _recorded()]
+    hosts = list(recorded_hosts())
     template = next(inv for inv in hosts if inv.hostname == TEMPLATE_HOST)
     if gpu_model is None:
         return [inv for inv in hosts if not inv.gpus] + [_large_cpu_host(template)]
