@@ -162,3 +162,31 @@ async def test_l3_capacity_not_found_when_not_visible(api: Api) -> None:
     assert await api.ok("compute/capacity/byPool", {"tenantId": "acme", "poolId": pool}, acme) == {
         "items": []
     }
+
+
+async def test_offered_tenants_do_not_see_the_owners_secrets(api: Api) -> None:
+    """Security: the kubeadm token in a policy is the owner's; an offered tenant sees the rest."""
+    await api.tenant("acme")
+    site = await api.site()
+    join = {
+        "apiServer": "https://k8s.example:6443",
+        "token": "abcdef.0123456789abcdef",
+        "caCertHash": "sha256:" + "a" * 64,
+    }
+    pool = (
+        await api.pool(
+            site, policy={"kubernetes": join, "platformOperated": True, "maxPending": "6h"}
+        )
+    )["id"]
+    await api.offer(pool, "acme")
+    acme = await api.token_for("acme")
+    seen = await api.ok("compute/pools/get", {"tenantId": "acme", "poolId": pool}, acme)
+    assert seen["policy"] == {
+        "kubernetes": {"apiServer": join["apiServer"], "caCertHash": join["caCertHash"]},
+        "platformOperated": True,
+        "maxPending": "6h",
+    }
+    listed = await api.ok("compute/pools/list", {"tenantId": "acme"}, acme)
+    assert "token" not in listed["items"][0]["policy"]["kubernetes"]
+    owner = await api.ok("compute/pools/get", {"tenantId": "root", "poolId": pool})
+    assert owner["policy"]["kubernetes"]["token"] == join["token"]

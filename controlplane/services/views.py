@@ -37,6 +37,21 @@ def offers_view(db: sqlite_utils.Database, pool_id: str) -> list[OfferView]:
     ]
 
 
+# Policy fields that hold secrets: only the pool's owner sees them.
+SECRET_POLICY_FIELDS = (("kubernetes", "token"),)
+
+
+def policy_for(policy: dict[str, Any], owned: bool) -> dict[str, Any]:
+    """The policy as the caller may see it: an offered tenant does not get the owner's secrets."""
+    if owned:
+        return policy
+    shown = dict(policy)
+    for section, key in SECRET_POLICY_FIELDS:
+        if isinstance(shown.get(section), dict) and key in shown[section]:
+            shown[section] = {k: v for k, v in shown[section].items() if k != key}
+    return shown
+
+
 def pool_view(
     db: sqlite_utils.Database,
     pool: dict[str, Any],
@@ -55,7 +70,7 @@ def pool_view(
         gpu_model=pool["gpu_model"],
         sharing=pool["sharing"],
         agent=pool["agent"],
-        policy=msgspec.json.decode(pool["policy"]),
+        policy=policy_for(msgspec.json.decode(pool["policy"]), owned),
         version=pool["version"],
         owned=owned,
         archived=pool["archived_at"] is not None,
