@@ -143,6 +143,10 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
                 str(state_dir),
                 "--interval",
                 str(interval),
+                # A demo never changes the machine it runs on: the NodeSpec is applied into a
+                # directory (commands are recorded there, not run).
+                "--root",
+                str(data_dir / "host-root"),
                 "--log-format",
                 "console",
                 *agent_flags,
@@ -153,6 +157,7 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
             f"\nbetter-compute is serving on {url}\n"
             f"  root token: {token_file} (mode 0600)\n"
             f"  demo pool:  {pool['id']} ({family}), one agent reporting {source}\n"
+            f"  NodeSpec:   applied under {data_dir / 'host-root'}, not to this machine\n"
             f"  capacity:   curl -s -X POST {url}/api/compute/pools/capacity "
             f'-H "Authorization: Bearer $(cat {token_file})" '
             f'-d \'{{"tenantId": "root", "poolId": "{pool["id"]}"}}\'\n'
