@@ -40,7 +40,9 @@ class Gpu(Wire):
     mig_pending: bool = False
     mig_instances: list[MigInstance] = []
     persistence_mode: bool | None = None
-    power_limit_w: Annotated[float, Meta(ge=0)] | None = None
+    power_limit_w: Annotated[float, Meta(ge=0)] | None = None  # the limit in force now
+    power_limit_min_w: Annotated[float, Meta(ge=0)] | None = None  # what the board allows
+    power_limit_max_w: Annotated[float, Meta(ge=0)] | None = None
     ecc_current: bool | None = None
     ecc_pending: bool | None = None
     ecc_uncorrected_volatile: Count | None = None  # a health signal: non-zero means trouble

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import psutil  # type: ignore[import-untyped]
 import pynvml  # type: ignore[import-untyped]
 import pytest
@@ -586,3 +587,15 @@ def test_real_host_inventory(tmp_path: Path) -> None:
     assert inv.memory_total_bytes == psutil.virtual_memory().total
     with pytest.raises(ValueError, match="fixture"):
         collect_inventory(fixture_host="dgx-h100-01")
+
+
+def test_power_limit_constraints_are_read_when_the_driver_gives_them() -> None:
+    """The board's power range (nvmlDeviceGetPowerManagementLimitConstraints) reaches the inventory."""
+    host = load_host(FIXTURES, "dgx-h100-01")
+    gpus = [
+        msgspec.structs.replace(g, power_limit_constraints_mw=(200_000, 700_000)) for g in host.gpus
+    ]
+    _, found = collect_gpus(FakeNvml(msgspec.structs.replace(host, gpus=gpus)))
+    assert (found[0].power_limit_min_w, found[0].power_limit_max_w) == (200.0, 700.0)
+    _, recorded = collect_gpus(FakeNvml(host))  # the reference recordings lack them: NotSupported
+    assert (recorded[0].power_limit_min_w, recorded[0].power_limit_max_w) == (None, None)

@@ -622,3 +622,23 @@ def _renders(policy: dict[str, Any], inventory: Inventory) -> bool:
 if __name__ == "__main__":
     regenerate()
     sys.exit(0)
+
+
+def test_the_boards_power_range_bounds_the_limit_not_the_limit_in_force() -> None:
+    """gpu.powerLimitW: with NVML's constraints a lowered limit can be raised again, up to the board's maximum."""
+    lowered = host("dgx-h100-01")
+    gpus = [
+        msgspec.structs.replace(
+            g, power_limit_w=500.0, power_limit_min_w=200.0, power_limit_max_w=700.0
+        )
+        for g in lowered.gpus
+    ]
+    board = msgspec.structs.replace(lowered, gpus=gpus)
+    assert any(u.argv[-1] == "650" for u in spec_of({"gpu": {"powerLimitW": 650}}, board).units)
+    for watts in (750, 100):
+        try:
+            spec_of({"gpu": {"powerLimitW": watts}}, board)
+        except RenderRefused as exc:
+            assert exc.field == "gpu.powerLimitW"
+        else:
+            raise AssertionError(f"{watts} W was accepted")

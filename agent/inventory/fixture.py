@@ -79,6 +79,8 @@ class FixtureGpu(Struct):
     architecture: str | None = None
     persistence_mode: int | None = None
     power_management_limit_mw: int | None = None
+    # [min, max] mW; the reference recordings do not have them: NotSupported, as old drivers say.
+    power_limit_constraints_mw: tuple[int, int] | None = None
     temperature_gpu_c: int | None = None
     ecc_mode: tuple[int, int] | None = None  # None: GetEccMode raises NotSupported
     ecc_uncorrected_volatile: int = 0
@@ -445,6 +447,10 @@ class FakeNvml:
     @_nvml_call
     def nvmlDeviceGetPowerManagementLimit(self, handle: object, /) -> int:
         return self._supported(self._device(handle).power_management_limit_mw)
+
+    @_nvml_call
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: object, /) -> list[int]:
+        return list(self._supported(self._device(handle).power_limit_constraints_mw))
 
     @_nvml_call
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: object, /) -> int:

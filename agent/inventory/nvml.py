@@ -62,6 +62,7 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetCudaComputeCapability(self, handle: object, /) -> tuple[int, int]: ...
     def nvmlDeviceGetPersistenceMode(self, handle: object, /) -> int: ...
     def nvmlDeviceGetPowerManagementLimit(self, handle: object, /) -> int: ...
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, handle: object, /) -> list[int]: ...
     def nvmlDeviceGetEccMode(self, handle: object, /) -> Sequence[int]: ...
     def nvmlDeviceGetTemperature(self, handle: object, sensor: int, /) -> int: ...
     def nvmlDeviceGetMigMode(self, handle: object, /) -> Sequence[int]: ...
@@ -146,6 +147,8 @@ def _gpu(nvml: NvmlApi, index: int, handle: object) -> Gpu:
     capability = _optional(nvml, nvml.nvmlDeviceGetCudaComputeCapability, handle)
     persistence = _optional(nvml, nvml.nvmlDeviceGetPersistenceMode, handle)
     power_mw = _optional(nvml, nvml.nvmlDeviceGetPowerManagementLimit, handle)
+    # The range the board allows, so a policy may raise a limit someone lowered.
+    constraints = _optional(nvml, nvml.nvmlDeviceGetPowerManagementLimitConstraints, handle)
     return Gpu(
         index=index,
         uuid=text(nvml.nvmlDeviceGetUUID(handle)),
@@ -162,6 +165,8 @@ def _gpu(nvml: NvmlApi, index: int, handle: object) -> Gpu:
         mig_instances=_mig_instances(nvml, index, handle) if mig_current else [],
         persistence_mode=None if persistence is None else persistence == nvml.NVML_FEATURE_ENABLED,
         power_limit_w=power_mw / 1000 if power_mw is not None else None,
+        power_limit_min_w=constraints[0] / 1000 if constraints else None,
+        power_limit_max_w=constraints[1] / 1000 if constraints else None,
         ecc_current=bool(ecc[0]) if ecc is not None else None,
         ecc_pending=bool(ecc[1]) if ecc is not None else None,
         ecc_uncorrected_volatile=_ecc_uncorrected(nvml, handle) if ecc and ecc[0] else None,

@@ -68,12 +68,18 @@ def gpu_setting_units(policy: Policy, inventory: Inventory) -> list[Unit]:
     if settings.powerLimitW is not UNSET:
         watts = settings.powerLimitW
         for gpu in inventory.gpus:
-            # The inventory's limit is the one NVML enforces now; the policy may lower it,
-            # never raise it. A GPU that does not say is trusted to refuse for itself.
-            if gpu.power_limit_w is not None and watts > gpu.power_limit_w:
+            # The board's range when NVML gives it; else the limit in force now, which the
+            # policy may lower but not raise. A GPU that says nothing refuses for itself.
+            highest = gpu.power_limit_max_w or gpu.power_limit_w
+            if highest is not None and watts > highest:
                 raise RenderRefused(
                     "gpu.powerLimitW",
-                    f"{watts} W is above the {_watts(gpu.power_limit_w)} W limit of {_label(gpu)}",
+                    f"{watts} W is above the {_watts(highest)} W limit of {_label(gpu)}",
+                )
+            if gpu.power_limit_min_w is not None and watts < gpu.power_limit_min_w:
+                raise RenderRefused(
+                    "gpu.powerLimitW",
+                    f"{watts} W is below the {_watts(gpu.power_limit_min_w)} W minimum of {_label(gpu)}",
                 )
             units.append(
                 command_unit(
