@@ -19,9 +19,10 @@ import pytest
 import structlog
 
 from agent.inventory import collect_inventory, inventory_from
-from agent.inventory.fixture import FakeNvml, FixtureError, host_facts, load_host
+from agent.inventory.fixture import FakeNvml
 from agent.inventory.host import collect_host, cpu, filesystems, hugepages, machine_id
 from agent.inventory.nvml import collect_gpus, load_pynvml
+from agent.inventory.recording import FixtureError, host_facts, load_host
 from shared.inventory import HugepagePool, Inventory
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"

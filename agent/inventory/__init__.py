@@ -8,9 +8,10 @@ nothing: NVML is opened and closed inside each collection.
 
 from pathlib import Path
 
-from agent.inventory.fixture import FakeNvml, FixtureError, host_facts, load_host
+from agent.inventory.fixture import FakeNvml
 from agent.inventory.host import HostFacts, collect_host
 from agent.inventory.nvml import NvmlApi, collect_gpus, load_pynvml
+from agent.inventory.recording import FixtureError, host_facts, load_host
 from shared.inventory import Gpu, Inventory, Nvml
 
 __all__ = ["FixtureError", "HostFacts", "collect_inventory", "inventory_from"]
