@@ -15,7 +15,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from controlplane.api import iam, nodes, pools, quotas, sites
+from controlplane.api import iam, nodes, pools, quotas, reservations, sites
 from controlplane.api.method import Method, Read, parse_body
 from controlplane.api.openapi import openapi_document
 from controlplane.capacity.reconciler import run_reconciler
@@ -210,6 +210,7 @@ ALL_METHODS: tuple[Method, ...] = (
     *pools.METHODS,
     *quotas.METHODS,
     *nodes.METHODS,
+    *reservations.METHODS,
 )
 
 

@@ -428,3 +428,84 @@ class NodeView(Answer):
 
 class NodeList(Answer):
     items: list[NodeView]
+
+
+# --- reservations and budgets -------------------------------------------------
+
+ReservationId = Annotated[str, Meta(max_length=56, pattern=whole(rf"^res_{ID_BODY}{{26,52}}$"))]
+Amount = Annotated[int, Meta(ge=1, le=1_000_000)]
+Meter = Annotated[str, Meta(max_length=64, pattern=whole(r"^gpu\.[a-z0-9-]{1,32}\.hours$"))]
+ReservationState = Literal["pending", "placed", "active", "ended", "failed"]
+
+
+class ReservationResources(
+    Struct,
+    forbid_unknown_fields=True,
+    omit_defaults=True,
+    rename={"gpu_mig": "gpu.mig", "gpu_slot": "gpu.slot"},
+):
+    """What a reservation asks for: atoms by the pool's sharing mode (S1) and rows."""
+
+    gpu: Amount | UnsetType = UNSET
+    gpu_mig: Amount | UnsetType = UNSET
+    gpu_slot: Amount | UnsetType = UNSET
+    vcpu: Amount | UnsetType = UNSET
+    memoryGiB: Amount | UnsetType = UNSET
+    hugepages2Mi: Amount | UnsetType = UNSET
+    hugepages1Gi: Amount | UnsetType = UNSET
+    diskGiB: Amount | UnsetType = UNSET
+
+
+class ReservationsCreate(PoolScoped):
+    resources: ReservationResources
+    mig_profile: Annotated[str, Meta(max_length=32, pattern=whole(r"^([1-9]c\.)?[1-9]g\.[0-9]+gb([+-][a-z.]+)?$"))] | UnsetType = UNSET
+    idempotency_key: IdempotencyKey | UnsetType = UNSET
+
+
+class ReservationsGet(TenantScoped):
+    reservation_id: ReservationId
+
+
+class ReservationsEnd(TenantScoped):
+    reservation_id: ReservationId
+
+
+class ReservationsList(TenantScoped):
+    pool_id: PoolId | UnsetType = UNSET
+    states: Annotated[list[ReservationState], Meta(max_length=5)] | UnsetType = UNSET
+
+
+class BudgetsSet(TenantScoped):
+    meter: Meter
+    limit: Annotated[float, Meta(ge=0, le=1e12)] | None
+
+
+class BudgetsGet(TenantScoped):
+    meter: Meter
+
+
+class ReservationView(Answer):
+    id: str
+    tenant_id: str
+    pool_id: str
+    resources: dict[str, int]
+    mig_profile: str | None
+    state: str
+    reason: str | None
+    node_id: str | None
+    created_at: str
+    updated_at: str
+    placed_at: str | None
+    ended_at: str | None
+    expires_at: str | None
+
+
+class ReservationList(Answer):
+    items: list[ReservationView]
+
+
+class BudgetView(Answer):
+    tenant_id: str
+    meter: str
+    limit: float | None
+    spent: float

@@ -31,6 +31,7 @@ from msgspec import UNSET
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
 from controlplane.services.admission import LOST, QUARANTINED, READY, admission
+from controlplane.services.reservations import retry_pending
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage.db import Store, now, timestamp
@@ -48,6 +49,7 @@ class PassStats:
     rows_written: int = 0
     nodes_lost: int = 0
     stamps_written: int = 0
+    reservations_moved: int = 0
 
 
 def readmit(
@@ -195,6 +197,8 @@ def reconcile_pass(
     node_sql.touch(db, seen)
     stats.stamps_written = len(seen)
     node_sql.mark_lost(db, [node["id"] for node in silent], now())
+    # A lost node's bookings are marked, not silently freed: they run on if it comes back.
+    node_sql.mark_bookings_lost(db, [node["id"] for node in silent])
     for node in silent:
         events.append(
             db,
@@ -211,6 +215,7 @@ def reconcile_pass(
     for node in node_sql.stale_nodes(db):
         stats.rows_written += reconcile_node(db, node)
         stats.nodes_recomputed += 1
+    stats.reservations_moved = retry_pending(db)  # after the rows: new capacity places first
     return stats
 
 
@@ -229,7 +234,7 @@ async def run_reconciler(
         except Exception:
             log.exception("reconciler pass failed")
             continue
-        if stats.nodes_recomputed or stats.nodes_lost:
+        if stats.nodes_recomputed or stats.nodes_lost or stats.reservations_moved:
             log.info(
                 "reconciled",
                 nodes=stats.nodes_recomputed,

@@ -12,6 +12,7 @@ from controlplane.iam.tokens import new_token, token_hash
 from controlplane.services.access import act_for
 from controlplane.services.offers import withdraw_offer
 from controlplane.services.pools import archive_in_txn
+from controlplane.services.reservations import end_all_of_tenant
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
@@ -138,6 +139,7 @@ async def delete_tenant(
             assert offered is not None
             withdraw_offer(db, offered, req.tenant_id)
             withdrawn.append(offer["pool_id"])
+        end_all_of_tenant(db, req.tenant_id)
         at = now()
         revoked = iam_sql.revoke_all(db, req.tenant_id, at)
         iam_sql.mark_tenant_deleted(db, req.tenant_id, at)

@@ -157,6 +157,43 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE nodes ADD COLUMN spec TEXT;
     ALTER TABLE nodes ADD COLUMN spec_version TEXT;
     """,
+    # 5: reservations, their bookings on nodes, and GPU-hour budgets.
+    """
+    CREATE TABLE reservations (
+        id TEXT PRIMARY KEY,
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        pool_id TEXT NOT NULL REFERENCES pools(id),
+        resources TEXT NOT NULL,
+        mig_profile TEXT,
+        state TEXT NOT NULL,
+        reason TEXT,
+        node_id TEXT REFERENCES nodes(id),
+        expires_at TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        placed_at TEXT,
+        ended_at TEXT
+    );
+    CREATE INDEX reservations_queue ON reservations(state, pool_id, created_at);
+    CREATE INDEX reservations_tenant ON reservations(tenant_id, state);
+    CREATE TABLE bookings (
+        reservation_id TEXT NOT NULL REFERENCES reservations(id),
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        resource TEXT NOT NULL,
+        amount INTEGER NOT NULL CHECK (amount > 0),
+        PRIMARY KEY (reservation_id, resource)
+    ) WITHOUT ROWID;
+    ALTER TABLE node_devices ADD COLUMN reservation_id TEXT;
+    CREATE INDEX node_devices_free ON node_devices(resource, allocated, node_id);
+    CREATE TABLE budgets (
+        tenant_id TEXT NOT NULL REFERENCES tenants(id),
+        meter TEXT NOT NULL,
+        limit_hours REAL,
+        spent_hours REAL NOT NULL DEFAULT 0,
+        updated_at TEXT NOT NULL,
+        PRIMARY KEY (tenant_id, meter)
+    ) WITHOUT ROWID;
+    """,
 )
 
 

@@ -71,6 +71,13 @@ def touch(db: sqlite_utils.Database, seen: Iterable[tuple[str, str]]) -> None:
     db.conn.executemany("UPDATE nodes SET last_seen_at = ? WHERE id = ?", list(seen))
 
 
+def mark_bookings_lost(db: sqlite_utils.Database, node_ids: Iterable[str]) -> None:
+    db.conn.executemany(
+        "UPDATE reservations SET reason = 'NodeLost' WHERE node_id = ? AND state = 'placed'",
+        [(node_id,) for node_id in node_ids],
+    )
+
+
 def silent_nodes(db: sqlite_utils.Database, before: str) -> list[dict[str, Any]]:
     """Live nodes whose stored last-seen time is older than ``before`` (indexed on state, time)."""
     return rows(

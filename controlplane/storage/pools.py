@@ -58,6 +58,13 @@ def pool_for_tenant(
     return one(db, _WITH_AUTHZ + " AND a.pool_id = ?", [tenant_id, pool_id])
 
 
+def authz_row_exists(db: sqlite_utils.Database, tenant_id: str, pool_id: str) -> bool:
+    found = db.execute(
+        "SELECT 1 FROM pool_authz WHERE tenant_id = ? AND pool_id = ?", [tenant_id, pool_id]
+    ).fetchone()
+    return found is not None
+
+
 def visible_pools(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
     """Pools with an authz row for the tenant (owned, or offered and not archived)."""
     return rows(db, _WITH_AUTHZ + " ORDER BY p.id", [tenant_id])

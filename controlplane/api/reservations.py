@@ -1,0 +1,50 @@
+"""Reservation and budget methods."""
+
+from controlplane.api.method import Method, read, write
+from controlplane.services import reservations
+from shared import schemas as s
+
+METHODS = (
+    Method(
+        "/api/compute/reservations/create",
+        s.ReservationsCreate,
+        s.ReservationView,
+        write(reservations.create_reservation),
+        "Ask a pool for atoms and rows: admitted against quota (and budget), placed when it fits.",
+    ),
+    Method(
+        "/api/compute/reservations/get",
+        s.ReservationsGet,
+        s.ReservationView,
+        read(reservations.get_reservation),
+        "One of the tenant's reservations.",
+    ),
+    Method(
+        "/api/compute/reservations/list",
+        s.ReservationsList,
+        s.ReservationList,
+        read(reservations.list_reservations),
+        "The tenant's reservations, by pool and state.",
+    ),
+    Method(
+        "/api/compute/reservations/end",
+        s.ReservationsEnd,
+        s.ReservationView,
+        write(reservations.end_reservation),
+        "End a reservation: its bookings and quota go back.",
+    ),
+    Method(
+        "/api/compute/budgets/set",
+        s.BudgetsSet,
+        s.BudgetView,
+        write(reservations.set_budget),
+        "Set a tenant's GPU-hour budget on a meter such as gpu.h100.hours (root only).",
+    ),
+    Method(
+        "/api/compute/budgets/get",
+        s.BudgetsGet,
+        s.BudgetView,
+        read(reservations.get_budget),
+        "A tenant's budget and what it has spent.",
+    ),
+)

@@ -1,0 +1,222 @@
+"""SQL for reservations, their bookings (atoms and node_resources rows), and budgets."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlite_utils
+
+from controlplane.storage.rows import one, rows
+
+LIVE = ("pending", "placed")
+
+
+def insert(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+    columns = ", ".join(row)
+    values = ", ".join(f":{name}" for name in row)
+    db.execute(f"INSERT INTO reservations ({columns}) VALUES ({values})", row)
+
+
+def get(db: sqlite_utils.Database, reservation_id: str) -> dict[str, Any] | None:
+    return one(db, "SELECT * FROM reservations WHERE id = ?", [reservation_id])
+
+
+def update(db: sqlite_utils.Database, reservation_id: str, fields: dict[str, Any]) -> None:
+    assignments = ", ".join(f"{name} = :{name}" for name in fields)
+    db.execute(
+        f"UPDATE reservations SET {assignments} WHERE id = :rid", {**fields, "rid": reservation_id}
+    )
+
+
+def of_tenant(
+    db: sqlite_utils.Database, tenant_id: str, pool_id: str | None, states: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    sql = "SELECT * FROM reservations WHERE tenant_id = ?"
+    params: list[Any] = [tenant_id]
+    if pool_id is not None:
+        sql += " AND pool_id = ?"
+        params.append(pool_id)
+    if states:
+        sql += f" AND state IN ({', '.join('?' * len(states))})"
+        params.extend(states)
+    return rows(db, sql + " ORDER BY created_at, id", params)
+
+
+def live_of_tenant(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+    return rows(
+        db,
+        "SELECT * FROM reservations WHERE tenant_id = ? AND state IN ('pending', 'placed') ORDER BY id",
+        [tenant_id],
+    )
+
+
+def pending(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Pending reservations, oldest first: the placer's queue."""
+    return rows(db, "SELECT * FROM reservations WHERE state = 'pending' ORDER BY created_at, id")
+
+
+def placed_gpu_hours(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+    return rows(
+        db,
+        "SELECT r.pool_id, r.placed_at, b.resource, b.amount FROM reservations r "
+        "JOIN bookings b ON b.reservation_id = r.id "
+        "WHERE r.tenant_id = ? AND r.state = 'placed' AND b.resource LIKE 'gpu%'",
+        [tenant_id],
+    )
+
+
+# --- the placer's reads and writes -----------------------------------------
+
+
+def nodes_with_free_atoms(
+    db: sqlite_utils.Database,
+    pool_id: str,
+    resource: str,
+    profile: str | None,
+    count: int,
+    limit: int,
+) -> list[str]:
+    """Ready nodes of the pool with at least ``count`` free atoms, in node order (first fit).
+
+    The index on (resource, allocated, node_id) streams free atoms node by node, so the
+    scan stops at the first nodes that fit.
+    """
+    profile_filter = "AND d.profile = ?" if profile is not None else ""
+    params: list[Any] = [
+        resource,
+        *([profile] if profile is not None else []),
+        pool_id,
+        count,
+        limit,
+    ]
+    found = db.execute(
+        "SELECT d.node_id FROM node_devices d JOIN nodes n ON n.id = d.node_id "
+        f"WHERE d.resource = ? AND d.allocated = 0 {profile_filter} "
+        "AND n.pool_id = ? AND n.state = 'ready' "
+        "GROUP BY d.node_id HAVING count(*) >= ? ORDER BY d.node_id LIMIT ?",
+        params,
+    )
+    return [row[0] for row in found]
+
+
+def ready_nodes(db: sqlite_utils.Database, pool_id: str, limit: int, after: str = "") -> list[str]:
+    found = db.execute(
+        "SELECT id FROM nodes WHERE pool_id = ? AND state = 'ready' AND id > ? ORDER BY id LIMIT ?",
+        [pool_id, after, limit],
+    )
+    return [row[0] for row in found]
+
+
+def free_rows(db: sqlite_utils.Database, node_id: str) -> dict[str, int]:
+    found = db.execute(
+        "SELECT resource, capacity - allocated FROM node_resources WHERE node_id = ?", [node_id]
+    )
+    return {row[0]: row[1] for row in found}
+
+
+def book_atoms(
+    db: sqlite_utils.Database,
+    node_id: str,
+    resource: str,
+    profile: str | None,
+    count: int,
+    reservation_id: str,
+) -> int:
+    """Book ``count`` free atoms of the node for the reservation; returns how many were booked."""
+    profile_filter = "AND profile = ?" if profile is not None else ""
+    params: list[Any] = [
+        reservation_id,
+        node_id,
+        resource,
+        *([profile] if profile is not None else []),
+        count,
+    ]
+    return db.execute(
+        "UPDATE node_devices SET allocated = 1, reservation_id = ? WHERE node_id = ? AND device_id IN ("
+        "SELECT device_id FROM node_devices WHERE node_id = ? AND resource = ? AND allocated = 0 "
+        f"{profile_filter} ORDER BY device_id LIMIT ?)",
+        [reservation_id, node_id, *params[1:]],
+    ).rowcount
+
+
+def book_row(db: sqlite_utils.Database, node_id: str, resource: str, amount: int) -> bool:
+    """Book ``amount`` of a row, never beyond its capacity."""
+    return (
+        db.execute(
+            "UPDATE node_resources SET allocated = allocated + ? "
+            "WHERE node_id = ? AND resource = ? AND capacity - allocated >= ?",
+            [amount, node_id, resource, amount],
+        ).rowcount
+        == 1
+    )
+
+
+def insert_booking(
+    db: sqlite_utils.Database, reservation_id: str, node_id: str, resource: str, amount: int
+) -> None:
+    db.execute(
+        "INSERT INTO bookings (reservation_id, node_id, resource, amount) VALUES (?, ?, ?, ?)",
+        [reservation_id, node_id, resource, amount],
+    )
+
+
+def release(db: sqlite_utils.Database, reservation_id: str) -> list[dict[str, Any]]:
+    """Give back everything the reservation booked; returns its bookings."""
+    booked = rows(db, "SELECT * FROM bookings WHERE reservation_id = ?", [reservation_id])
+    db.execute(
+        "UPDATE node_devices SET allocated = 0, reservation_id = NULL WHERE reservation_id = ?",
+        [reservation_id],
+    )
+    for booking in booked:
+        db.execute(
+            "UPDATE node_resources SET allocated = max(0, allocated - ?) WHERE node_id = ? AND resource = ?",
+            [booking["amount"], booking["node_id"], booking["resource"]],
+        )
+    return booked
+
+
+def add_used(
+    db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str, delta: int, at: str
+) -> None:
+    """Quota `used` follows live reservations; a row that does not exist stays absent."""
+    db.execute(
+        "UPDATE quotas SET used = max(0, used + ?), updated_at = ? "
+        "WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
+        [delta, at, pool_id, tenant_id, resource],
+    )
+
+
+def quota(
+    db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str
+) -> dict[str, Any] | None:
+    return one(
+        db,
+        "SELECT * FROM quotas WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
+        [pool_id, tenant_id, resource],
+    )
+
+
+# --- budgets ---------------------------------------------------------------
+
+
+def budget(db: sqlite_utils.Database, tenant_id: str, meter: str) -> dict[str, Any] | None:
+    return one(db, "SELECT * FROM budgets WHERE tenant_id = ? AND meter = ?", [tenant_id, meter])
+
+
+def put_budget(
+    db: sqlite_utils.Database, tenant_id: str, meter: str, limit: float | None, at: str
+) -> None:
+    db.execute(
+        "INSERT INTO budgets (tenant_id, meter, limit_hours, spent_hours, updated_at) VALUES (?, ?, ?, 0, ?) "
+        "ON CONFLICT (tenant_id, meter) DO UPDATE SET limit_hours = excluded.limit_hours, "
+        "updated_at = excluded.updated_at",
+        [tenant_id, meter, limit, at],
+    )
+
+
+def add_spent(db: sqlite_utils.Database, tenant_id: str, meter: str, hours: float, at: str) -> None:
+    db.execute(
+        "INSERT INTO budgets (tenant_id, meter, limit_hours, spent_hours, updated_at) VALUES (?, ?, NULL, ?, ?) "
+        "ON CONFLICT (tenant_id, meter) DO UPDATE SET spent_hours = spent_hours + excluded.spent_hours, "
+        "updated_at = excluded.updated_at",
+        [tenant_id, meter, hours, at],
+    )

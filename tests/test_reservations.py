@@ -1,0 +1,357 @@
+"""Reservations through the API: admission, the placer, and the rules that now take effect."""
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.reconciler import reconcile_pass
+from controlplane.storage.db import Store
+from tests.conftest import Api, execute, snapshot
+from tests.nodes import DGX_POLICY, joined, pool_with_token, recorded
+
+
+def one_pass(db: Path) -> None:
+    store = Store(db)
+    try:
+        store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
+    finally:
+        store.close()
+
+
+def invariants(db: Path) -> None:
+    """Never more than a row's capacity, never an atom twice, bookings add up to what is allocated."""
+    assert execute(db, "SELECT count(*) FROM node_resources WHERE allocated > capacity") == [(0,)]
+    rows = dict(
+        ((n, r), a)
+        for n, r, a in execute(db, "SELECT node_id, resource, allocated FROM node_resources")
+    )
+    booked: Counter[tuple[str, str]] = Counter()
+    for node, resource, amount in execute(
+        db,
+        "SELECT b.node_id, b.resource, b.amount FROM bookings b JOIN reservations r ON r.id = b.reservation_id "
+        "WHERE r.state = 'placed'",
+    ):
+        booked[(node, resource)] += amount
+    for key, allocated in rows.items():
+        assert booked.get(key, 0) == allocated, (key, allocated, booked.get(key))
+    atoms = execute(
+        db,
+        "SELECT reservation_id, count(*) FROM node_devices WHERE allocated = 1 GROUP BY reservation_id",
+    )
+    placed_atoms = dict(
+        execute(
+            db,
+            "SELECT b.reservation_id, b.amount FROM bookings b JOIN reservations r ON r.id = b.reservation_id "
+            "WHERE r.state = 'placed' AND b.resource LIKE 'gpu%'",
+        )
+    )
+    assert dict(atoms) == placed_atoms
+    assert execute(
+        db, "SELECT count(*) FROM node_devices WHERE allocated = 0 AND reservation_id IS NOT NULL"
+    ) == [(0,)]
+
+
+async def reserve(
+    api: Api,
+    pool: str,
+    resources: dict[str, int],
+    tenant: str = "root",
+    token: str | None = None,
+    **extra: Any,
+) -> Any:
+    return await api.ok(
+        "compute/reservations/create",
+        {"tenantId": tenant, "poolId": pool, "resources": resources, **extra},
+        token,
+    )
+
+
+async def test_a_reservation_is_admitted_placed_and_ended(api: Api, db: Path) -> None:
+    """Admission counts quota at once, the placer books atoms and rows, end gives everything back."""
+    pool, token = await pool_with_token(api, policy=DGX_POLICY, ownerQuota={"gpu": 8, "vcpu": 500})
+    await joined(api, token, recorded("dgx-h100-01"))
+    placed = await reserve(api, pool, {"gpu": 2, "vcpu": 16})
+    assert placed["state"] == "placed" and placed["nodeId"]
+    capacity = {
+        r["resource"]: (r["total"], r["allocated"])
+        for r in (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool}))[
+            "items"
+        ]
+    }
+    assert capacity["gpu"] == (8, 2) and capacity["vcpu"] == (432, 16)
+    quotas = {
+        q["resource"]: (q["used"], q["available"])
+        for q in (await api.ok("compute/pools/get", {"tenantId": "root", "poolId": pool}))["quotas"]
+    }
+    assert quotas == {"gpu": (2, 6), "vcpu": (16, 484)}
+    invariants(db)
+    ended = await api.ok(
+        "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
+    )
+    assert ended["state"] == "ended"
+    capacity = {
+        r["resource"]: r["allocated"]
+        for r in (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool}))[
+            "items"
+        ]
+    }
+    assert capacity["gpu"] == 0 and capacity["vcpu"] == 0
+    assert (
+        await api.ok(
+            "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
+        )
+    )["state"] == "ended"
+    invariants(db)
+    types = [
+        e["type"]
+        for e in (
+            await api.ok(
+                "compute/events/list",
+                {
+                    "tenantId": "root",
+                    "types": ["reservation.created", "reservation.placed", "reservation.ended"],
+                },
+            )
+        )["items"]
+    ]
+    assert types == ["reservation.created", "reservation.placed", "reservation.ended"]
+
+
+async def test_quota_exceeded_and_a_missing_row_grants_zero(api: Api, db: Path) -> None:
+    """Admission: used + asked ≤ max for every resource asked; a resource without a row grants 0 (P3)."""
+    await api.tenant("acme")
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    await api.offer(pool, "acme", {"gpu": 2})
+    acme = await api.token_for("acme")
+    over = await reserve(api, pool, {"gpu": 3}, "acme", acme)
+    assert (over["state"], over["reason"]) == ("failed", "QuotaExceeded")
+    no_row = await reserve(api, pool, {"gpu": 1, "vcpu": 4}, "acme", acme)
+    assert (no_row["state"], no_row["reason"]) == ("failed", "QuotaExceeded")
+    assert execute(db, "SELECT used FROM quotas WHERE tenant_id = 'acme'") == [(0,)]
+    assert execute(db, "SELECT count(*) FROM node_devices WHERE allocated = 1") == [(0,)]
+
+
+async def test_s1_requests_must_match_the_pools_sharing(api: Api, db: Path) -> None:
+    """S1: gpu in exclusive pools, gpu.mig with a migProfile in mig pools, gpu.slot in timeslice/mps pools."""
+    pool, _ = await pool_with_token(api)
+    mig, _ = await pool_with_token(api, gpuModel="A100", sharing="mig", ownerQuota={"gpu.mig": 7})
+    before = snapshot(db)
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": pool, "resources": {"gpu.slot": 1}},
+        "INVALID_INPUT",
+        "resources.gpu.slot",
+    )
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": pool, "resources": {"diskGiB": 1}},
+        "INVALID_INPUT",
+        "resources.diskGiB",
+    )
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": pool, "resources": {}},
+        "INVALID_INPUT",
+        "resources",
+    )
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": mig, "resources": {"gpu.mig": 1}},
+        "INVALID_INPUT",
+        "migProfile",
+    )
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": mig, "resources": {"gpu.mig": 1}, "migProfile": "1g.18gb"},
+        "INVALID_INPUT",
+        "migProfile",
+    )
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": pool, "resources": {"gpu": 0}},
+        "INVALID_INPUT",
+        "resources.gpu",
+    )
+    assert snapshot(db) == before
+
+
+async def test_mig_reservations_book_instances_of_their_profile(api: Api, db: Path) -> None:
+    """S1: gpu.mig books MIG instances of the asked profile."""
+    pool, token = await pool_with_token(
+        api, gpuModel="A100", sharing="mig", ownerQuota={"gpu.mig": 20}
+    )
+    await joined(api, token, recorded("dgx-a100-02"))
+    placed = await reserve(api, pool, {"gpu.mig": 2}, migProfile="1g.10gb")
+    assert placed["state"] == "placed"
+    booked = execute(
+        db, "SELECT profile FROM node_devices WHERE reservation_id = ?", (placed["id"],)
+    )
+    assert booked == [("1g.10gb",), ("1g.10gb",)]
+    invariants(db)
+
+
+async def test_pending_until_capacity_then_placed_by_the_placer(api: Api, db: Path) -> None:
+    """A reservation that fits nowhere waits; the placer books it once a node with room joins."""
+    pool, token = await pool_with_token(api)
+    waiting = await reserve(api, pool, {"gpu": 4})
+    assert waiting["state"] == "pending"
+    await joined(api, token, recorded("dgx-h100-01"))
+    one_pass(db)
+    got = await api.ok(
+        "compute/reservations/get", {"tenantId": "root", "reservationId": waiting["id"]}
+    )
+    assert got["state"] == "placed"
+    invariants(db)
+
+
+async def test_o6_a1_pending_reservations_fail_with_pool_gone(api: Api, db: Path) -> None:
+    """O6, A1: after an unoffer or an archive, pending reservations fail with PoolGone at their next retry;
+    new ones on an archived pool are NOT_FOUND; placed ones run on."""
+    await api.tenant("acme")
+    pool, token = await pool_with_token(api)
+    await api.offer(pool, "acme", {"gpu": 16})
+    acme = await api.token_for("acme")
+    waiting = await reserve(api, pool, {"gpu": 4}, "acme", acme)
+    assert waiting["state"] == "pending"
+    await api.ok(
+        "compute/pools/unoffer", {"tenantId": "root", "poolId": pool, "toTenantId": "acme"}
+    )
+    one_pass(db)
+    gone = await api.ok(
+        "compute/reservations/get", {"tenantId": "acme", "reservationId": waiting["id"]}, acme
+    )
+    assert (gone["state"], gone["reason"]) == ("failed", "PoolGone")
+    assert execute(db, "SELECT used, max FROM quotas WHERE tenant_id = 'acme'") == [
+        (0, 4)
+    ]  # O2: dropped to in use, then freed
+    await joined(api, token, recorded("dgx-h100-01"))
+    running = await reserve(api, pool, {"gpu": 2})
+    root_waiting = await reserve(api, pool, {"gpu": 8})
+    await api.ok("compute/pools/archive", {"tenantId": "root", "poolId": pool})
+    one_pass(db)
+    assert (
+        await api.ok(
+            "compute/reservations/get", {"tenantId": "root", "reservationId": root_waiting["id"]}
+        )
+    )["reason"] == "PoolGone"
+    assert (
+        await api.ok(
+            "compute/reservations/get", {"tenantId": "root", "reservationId": running["id"]}
+        )
+    )["state"] == "placed"
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": pool, "resources": {"gpu": 1}},
+        "NOT_FOUND",
+        "poolId",
+    )
+    invariants(db)
+
+
+async def test_pending_reservations_expire_after_max_pending(api: Api, db: Path) -> None:
+    """maxPending: a reservation not placed in time fails with Expired."""
+    pool, _ = await pool_with_token(api, policy={"maxPending": "30m"})
+    waiting = await reserve(api, pool, {"gpu": 1})
+    assert waiting["expiresAt"]
+    execute(db, "UPDATE reservations SET expires_at = '2000-01-01T00:00:00.000Z'")
+    one_pass(db)
+    got = await api.ok(
+        "compute/reservations/get", {"tenantId": "root", "reservationId": waiting["id"]}
+    )
+    assert (got["state"], got["reason"]) == ("failed", "Expired")
+    assert execute(db, "SELECT used FROM quotas WHERE resource = 'gpu'") == [(0,)]
+
+
+async def test_t1_deleting_a_tenant_ends_its_reservations_and_others_run_on(
+    api: Api, db: Path
+) -> None:
+    """T1: the deleted tenant's reservations end; another tenant's booking in its archived pool runs on."""
+    await api.tenant("acme")
+    await api.tenant("beta")
+    acme = await api.token_for("acme")
+    beta = await api.token_for("beta")
+    site = await api.site("acme", kind="custom", token=acme)
+    acme_pool = (await api.pool(site, tenant_id="acme", token=acme))["id"]
+    # beta rents acme's capacity (offered before acme's own hosts joined: O4); acme rents root's.
+    await api.ok(
+        "compute/pools/offer",
+        {"tenantId": "acme", "poolId": acme_pool, "toTenantId": "beta", "quota": {"gpu": 4}},
+        acme,
+    )
+    join = await api.ok(
+        "compute/joinTokens/create", {"tenantId": "acme", "poolId": acme_pool}, acme
+    )
+    await joined(api, join["token"], recorded("dgx-h100-01"))
+    betas = await reserve(api, acme_pool, {"gpu": 2}, "beta", beta)
+    root_pool, _ = await pool_with_token(api)
+    await api.offer(root_pool, "acme", {"gpu": 4})
+    acmes = await reserve(api, root_pool, {"gpu": 1}, "acme", acme)
+    await api.ok("iam/tenants/delete", {"tenantId": "acme"})
+    states = dict(execute(db, "SELECT id, state FROM reservations"))
+    assert states[acmes["id"]] == "ended" and states[betas["id"]] == "placed"
+    invariants(db)
+
+
+async def test_n5_rows_never_shrink_below_real_allocations(api: Api, db: Path) -> None:
+    """N5: a policy that shrinks vcpu below what reservations hold keeps the row at the allocation."""
+    pool, token = await pool_with_token(api, policy=DGX_POLICY, ownerQuota={"vcpu": 1000})
+    await joined(api, token, recorded("dgx-h100-01"))
+    await reserve(api, pool, {"vcpu": 400})
+    await api.ok(
+        "compute/pools/update",
+        {"tenantId": "root", "poolId": pool, "policy": {**DGX_POLICY, "overcommit": {"vcpu": 1}}},
+    )
+    one_pass(db)
+    assert execute(
+        db, "SELECT capacity, allocated FROM node_resources WHERE resource = 'vcpu'"
+    ) == [(400, 400)]
+    invariants(db)
+
+
+async def test_budgets_meter_gpu_hours_and_refuse_when_spent(api: Api, db: Path) -> None:
+    """admission.budgetCheck meter: root sets a budget on gpu.h100.hours; a spent budget refuses admission."""
+    await api.tenant("acme")
+    pool, token = await pool_with_token(api, policy={"admission": {"budgetCheck": "meter"}})
+    await joined(api, token, recorded("dgx-h100-01"))
+    await api.offer(pool, "acme", {"gpu": 4})
+    acme = await api.token_for("acme")
+    await api.err(
+        "compute/budgets/set",
+        {"tenantId": "acme", "meter": "gpu.h100.hours", "limit": 10},
+        "PERMISSION_DENIED",
+        token=acme,
+    )
+    budget = await api.ok(
+        "compute/budgets/set", {"tenantId": "acme", "meter": "gpu.h100.hours", "limit": 1.0}
+    )
+    assert budget == {"tenantId": "acme", "meter": "gpu.h100.hours", "limit": 1.0, "spent": 0.0}
+    first = await reserve(api, pool, {"gpu": 2}, "acme", acme)
+    assert first["state"] == "placed"
+    # Two GPUs booked an hour ago: 2 GPU-hours spent, over the 1 h budget.
+    execute(
+        db,
+        "UPDATE reservations SET placed_at = '2000-01-01T00:00:00.000Z' WHERE id = ?",
+        (first["id"],),
+    )
+    spent = await api.ok(
+        "compute/budgets/get", {"tenantId": "acme", "meter": "gpu.h100.hours"}, acme
+    )
+    assert spent["spent"] > 1.0
+    refused = await reserve(api, pool, {"gpu": 1}, "acme", acme)
+    assert (refused["state"], refused["reason"]) == ("failed", "BudgetExhausted")
+
+
+async def test_two_hundred_concurrent_creates_against_a_quota_of_32_admit_32(
+    api: Api, db: Path
+) -> None:
+    """Concurrency: 200 parallel creates against a quota of 32 admit exactly 32; nothing over-books."""
+    pool, token = await pool_with_token(api, ownerQuota={"gpu": 32})
+    await joined(api, token, recorded("dgx-h100-01"))
+    answers = await asyncio.gather(*(reserve(api, pool, {"gpu": 1}) for _ in range(200)))
+    states = Counter(a["state"] for a in answers)
+    assert states["placed"] == 8 and states["pending"] == 24 and states["failed"] == 168
+    assert execute(db, "SELECT used FROM quotas WHERE resource = 'gpu'") == [(32,)]
+    invariants(db)
