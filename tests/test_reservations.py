@@ -31,7 +31,7 @@ def invariants(db: Path) -> None:
     for node, resource, amount in execute(
         db,
         "SELECT b.node_id, b.resource, b.amount FROM bookings b JOIN reservations r ON r.id = b.reservation_id "
-        "WHERE r.state = 'placed'",
+        "WHERE r.state IN ('placed', 'active')",
     ):
         booked[(node, resource)] += amount
     for key, allocated in rows.items():
@@ -44,7 +44,7 @@ def invariants(db: Path) -> None:
         execute(
             db,
             "SELECT b.reservation_id, b.amount FROM bookings b JOIN reservations r ON r.id = b.reservation_id "
-            "WHERE r.state = 'placed' AND b.resource LIKE 'gpu%'",
+            "WHERE r.state IN ('placed', 'active') AND b.resource LIKE 'gpu%'",
         )
     )
     assert dict(atoms) == placed_atoms
@@ -354,4 +354,33 @@ async def test_two_hundred_concurrent_creates_against_a_quota_of_32_admit_32(
     states = Counter(a["state"] for a in answers)
     assert states["placed"] == 8 and states["pending"] == 24 and states["failed"] == 168
     assert execute(db, "SELECT used FROM quotas WHERE resource = 'gpu'") == [(32,)]
+    invariants(db)
+
+
+async def test_placed_becomes_active_once_its_node_reports(api: Api, db: Path) -> None:
+    """pending → placed → active: active once the node holding the booking has reported since."""
+    pool, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    placed = await reserve(api, pool, {"gpu": 1})
+    one_pass(db)  # no report since the placement: still placed
+    assert (
+        await api.ok(
+            "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
+        )
+    )["state"] == "placed"
+    liveness = Liveness()
+    liveness.seen(node["nodeId"])
+    store = Store(db)
+    try:
+        store.transact(lambda d: reconcile_pass(d, liveness, 3600, True))
+    finally:
+        store.close()
+    active = await api.ok(
+        "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
+    )
+    assert active["state"] == "active"
+    ended = await api.ok(
+        "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
+    )
+    assert ended["state"] == "ended"
     invariants(db)

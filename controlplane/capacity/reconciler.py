@@ -31,7 +31,7 @@ from msgspec import UNSET
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
 from controlplane.services.admission import LOST, QUARANTINED, READY, admission
-from controlplane.services.reservations import retry_pending
+from controlplane.services.reservations import activate, retry_pending
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage.db import Store, now, timestamp
@@ -216,6 +216,7 @@ def reconcile_pass(
         stats.rows_written += reconcile_node(db, node)
         stats.nodes_recomputed += 1
     stats.reservations_moved = retry_pending(db)  # after the rows: new capacity places first
+    stats.reservations_moved += activate(db, liveness.last_epoch)
     return stats
 
 

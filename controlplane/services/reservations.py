@@ -10,6 +10,7 @@ and fail with PoolGone once the pool is archived or no longer offered (O6, A1).
 
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -222,6 +223,23 @@ def place(db: sqlite_utils.Database, row: dict[str, Any], pool: dict[str, Any]) 
         _event(db, "placed", {**row, **fields}, pool["owner_tenant_id"], nodeId=node_id)
         return True
     return False
+
+
+def activate(db: sqlite_utils.Database, seen_since: Callable[[str], float | None]) -> int:
+    """placed → active once the node holding the booking has reported since it was placed:
+    the host is known to be up with the booking on it. Returns how many moved."""
+    moved = 0
+    for row in res_sql.placed(db):
+        seen = seen_since(row["node_id"])
+        if seen is None or seen < _epoch(row["placed_at"]):
+            continue
+        fields = {"state": "active", "updated_at": now()}
+        res_sql.update(db, row["id"], fields)
+        pool = pool_sql.get_pool(db, row["pool_id"])
+        assert pool is not None
+        _event(db, "active", {**row, **fields}, pool["owner_tenant_id"], nodeId=row["node_id"])
+        moved += 1
+    return moved
 
 
 def retry_pending(db: sqlite_utils.Database) -> int:

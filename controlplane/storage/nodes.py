@@ -73,7 +73,7 @@ def touch(db: sqlite_utils.Database, seen: Iterable[tuple[str, str]]) -> None:
 
 def mark_bookings_lost(db: sqlite_utils.Database, node_ids: Iterable[str]) -> None:
     db.conn.executemany(
-        "UPDATE reservations SET reason = 'NodeLost' WHERE node_id = ? AND state = 'placed'",
+        "UPDATE reservations SET reason = 'NodeLost' WHERE node_id = ? AND state IN ('placed', 'active')",
         [(node_id,) for node_id in node_ids],
     )
 

@@ -7,7 +7,7 @@ import sqlite_utils
 
 from controlplane.storage.rows import one, rows
 
-LIVE = ("pending", "placed")
+LIVE = ("pending", "placed", "active")  # what counts against quota; placed and active hold bookings
 
 
 def insert(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
@@ -44,8 +44,16 @@ def of_tenant(
 def live_of_tenant(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
     return rows(
         db,
-        "SELECT * FROM reservations WHERE tenant_id = ? AND state IN ('pending', 'placed') ORDER BY id",
+        "SELECT * FROM reservations WHERE tenant_id = ? AND state IN ('pending', 'placed', 'active') "
+        "ORDER BY id",
         [tenant_id],
+    )
+
+
+def placed(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    return rows(
+        db,
+        "SELECT id, node_id, placed_at, tenant_id, pool_id, state FROM reservations WHERE state = 'placed'",
     )
 
 
@@ -59,7 +67,7 @@ def placed_gpu_hours(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str
         db,
         "SELECT r.pool_id, r.placed_at, b.resource, b.amount FROM reservations r "
         "JOIN bookings b ON b.reservation_id = r.id "
-        "WHERE r.tenant_id = ? AND r.state = 'placed' AND b.resource LIKE 'gpu%'",
+        "WHERE r.tenant_id = ? AND r.state IN ('placed', 'active') AND b.resource LIKE 'gpu%'",
         [tenant_id],
     )
 
