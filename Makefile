@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/api.py
 	$(BIN)/python bench/reconciler.py
 	$(BIN)/python bench/agent_footprint.py
+	$(BIN)/python bench/reservations.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache

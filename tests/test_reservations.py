@@ -384,3 +384,61 @@ async def test_placed_becomes_active_once_its_node_reports(api: Api, db: Path) -
     )
     assert ended["state"] == "ended"
     invariants(db)
+
+
+async def test_archive_with_reservations_in_every_state(api: Api, db: Path) -> None:
+    """A1: archiving fails pending ones with PoolGone at the next retry; placed and active run on;
+    ended and failed stay as they were."""
+    pool, token = await pool_with_token(api, ownerQuota={"gpu": 12})
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    ended = await reserve(api, pool, {"gpu": 1})
+    await api.ok("compute/reservations/end", {"tenantId": "root", "reservationId": ended["id"]})
+    active = await reserve(api, pool, {"gpu": 1})
+    liveness = Liveness()
+    liveness.seen(node["nodeId"])
+    store = Store(db)
+    try:
+        store.transact(lambda d: reconcile_pass(d, liveness, 3600, True))
+    finally:
+        store.close()
+    placed = await reserve(api, pool, {"gpu": 6})
+    pending = await reserve(api, pool, {"gpu": 4})
+    failed = await reserve(api, pool, {"gpu": 100})
+    states = dict(execute(db, "SELECT id, state FROM reservations"))
+    assert [states[r["id"]] for r in (ended, active, placed, pending, failed)] == [
+        "ended",
+        "active",
+        "placed",
+        "pending",
+        "failed",
+    ]
+    await api.ok("compute/pools/archive", {"tenantId": "root", "poolId": pool})
+    one_pass(db)
+    after = dict(execute(db, "SELECT id, state || ':' || coalesce(reason, '') FROM reservations"))
+    assert (
+        after[ended["id"]] == "ended:"
+        and after[active["id"]] == "active:"
+        and after[placed["id"]] == "placed:"
+    )
+    assert (
+        after[pending["id"]] == "failed:PoolGone" and after[failed["id"]] == "failed:QuotaExceeded"
+    )
+    invariants(db)
+
+
+async def test_a_lost_nodes_bookings_are_marked_not_freed(api: Api, db: Path) -> None:
+    """A lost node's bookings stay booked and are marked NodeLost."""
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    placed = await reserve(api, pool, {"gpu": 2})
+    execute(db, "UPDATE nodes SET last_seen_at = '2000-01-01T00:00:00.000Z'")
+    store = Store(db)
+    try:
+        store.transact(lambda d: reconcile_pass(d, Liveness(), 90, True))
+    finally:
+        store.close()
+    got = await api.ok(
+        "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
+    )
+    assert (got["state"], got["reason"]) == ("placed", "NodeLost")
+    assert execute(db, "SELECT count(*) FROM node_devices WHERE allocated = 1") == [(2,)]

@@ -102,6 +102,11 @@ OTHERS: dict[str, dict[str, Any]] = {
     "compute/quotas/list": {"tenantId": "acme"},
     "compute/capacity/byPool": {"tenantId": "acme", "poolId": POOL},
     "compute/events/list": {"tenantId": "acme"},
+    "compute/reservations/create": {"tenantId": "acme", "poolId": POOL, "resources": {"gpu": 1}},
+    "compute/reservations/get": {"tenantId": "acme", "reservationId": "res_" + "0" * 26},
+    "compute/reservations/end": {"tenantId": "acme", "reservationId": "res_" + "0" * 26},
+    "compute/budgets/set": {"tenantId": "acme", "meter": "gpu.h100.hours", "limit": 10},
+    "compute/budgets/get": {"tenantId": "acme", "meter": "gpu.h100.hours"},
 }
 VALID.update(OTHERS)
 for path in OTHERS:
@@ -147,6 +152,20 @@ CASES += [("compute/quotas/set", "quota", bad) for bad in ({"gpu": -1}, {"gpu\n"
 CASES += [("compute/quotas/set", "poolId", bad) for bad in BAD_POOL]
 CASES += [("compute/quotas/list", "poolId", bad) for bad in BAD_POOL]
 CASES += [("compute/capacity/byPool", "poolId", bad) for bad in BAD_POOL]
+CASES += [
+    ("compute/reservations/create", "resources", bad)
+    for bad in ({"gpu": 0}, {"gpu": -1}, {"tpu": 1}, {"gpu": 1.5}, [], None)
+]
+CASES += [("compute/reservations/create", "migProfile", bad) for bad in ("big", "1g.10gb\n", 3)]
+CASES += [("compute/reservations/create", "poolId", bad) for bad in BAD_POOL]
+CASES += [
+    ("compute/reservations/get", "reservationId", bad)
+    for bad in ("res_x", POOL, "res_" + "0" * 26 + "\n")
+]
+CASES += [
+    ("compute/budgets/set", "meter", bad) for bad in ("h100", "gpu.H100.hours", "gpu.h100.hours\n")
+]
+CASES += [("compute/budgets/set", "limit", bad) for bad in (-1, "10")]
 CASES += [("compute/events/list", "after", bad) for bad in (-1, 2**63, 2**64, 1.5, "1")]
 CASES += [("compute/events/list", "limit", bad) for bad in (0, 1001, None)]
 CASES += [
