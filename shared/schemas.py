@@ -458,7 +458,12 @@ class ReservationResources(
 
 class ReservationsCreate(PoolScoped):
     resources: ReservationResources
-    mig_profile: Annotated[str, Meta(max_length=32, pattern=whole(r"^([1-9]c\.)?[1-9]g\.[0-9]+gb([+-][a-z.]+)?$"))] | UnsetType = UNSET
+    mig_profile: (
+        Annotated[
+            str, Meta(max_length=32, pattern=whole(r"^([1-9]c\.)?[1-9]g\.[0-9]+gb([+-][a-z.]+)?$"))
+        ]
+        | UnsetType
+    ) = UNSET
     idempotency_key: IdempotencyKey | UnsetType = UNSET
 
 

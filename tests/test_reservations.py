@@ -5,6 +5,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.reconciler import reconcile_pass
 from controlplane.storage.db import Store
@@ -442,3 +444,90 @@ async def test_a_lost_nodes_bookings_are_marked_not_freed(api: Api, db: Path) ->
     )
     assert (got["state"], got["reason"]) == ("placed", "NodeLost")
     assert execute(db, "SELECT count(*) FROM node_devices WHERE allocated = 1") == [(2,)]
+
+
+async def test_the_placer_looks_past_its_first_candidates(api: Api, db: Path) -> None:
+    """First fit pages through the whole pool: a node far down the list is found when the first are full."""
+    pool, token = await pool_with_token(api, max_uses=40, ownerQuota={"vcpu": 10_000})
+    dgx = recorded("dgx-h100-01")
+    for n in range(36):
+        gpus = [msgspec.structs.replace(g, uuid=f"{g.uuid[:-2]}{n:02d}") for g in dgx.gpus]
+        await joined(
+            api,
+            token,
+            msgspec.structs.replace(dgx, machine_id=f"m{n:02d}", hostname=f"h{n:02d}", gpus=gpus),
+        )
+    last = execute(db, "SELECT id FROM nodes ORDER BY id DESC LIMIT 1")[0][0]
+    execute(
+        db,
+        "UPDATE node_resources SET allocated = capacity WHERE resource = 'vcpu' AND node_id != ?",
+        (last,),
+    )
+    placed = await reserve(api, pool, {"vcpu": 4})
+    assert (placed["state"], placed["nodeId"]) == ("placed", last)
+
+
+async def test_live_mig_bookings_count_against_the_budget(api: Api, db: Path) -> None:
+    """Budgets: MIG instances booked now count their share of a GPU's hours while they run."""
+    await api.tenant("acme")
+    pool, token = await pool_with_token(
+        api, gpuModel="A100", sharing="mig", policy={"admission": {"budgetCheck": "meter"}}
+    )
+    await joined(api, token, recorded("dgx-a100-02"))
+    await api.offer(pool, "acme", {"gpu.mig": 4})
+    acme = await api.token_for("acme")
+    await api.ok(
+        "compute/budgets/set", {"tenantId": "acme", "meter": "gpu.a100.hours", "limit": 1.0}
+    )
+    first = await reserve(api, pool, {"gpu.mig": 2}, "acme", acme, migProfile="1g.10gb")
+    assert first["state"] == "placed"
+    execute(
+        db,
+        "UPDATE reservations SET placed_at = '2000-01-01T00:00:00.000Z' WHERE id = ?",
+        (first["id"],),
+    )
+    spent = await api.ok(
+        "compute/budgets/get", {"tenantId": "acme", "meter": "gpu.a100.hours"}, acme
+    )
+    assert spent["spent"] > 1.0
+    refused = await reserve(api, pool, {"gpu.mig": 1}, "acme", acme, migProfile="1g.10gb")
+    assert refused["reason"] == "BudgetExhausted"
+
+
+async def test_o6_an_offer_made_again_does_not_save_a_pending_reservation(
+    api: Api, db: Path
+) -> None:
+    """O6: unoffered and offered again before the next retry, a pending reservation still fails with PoolGone."""
+    await api.tenant("acme")
+    pool, _ = await pool_with_token(api)
+    await api.offer(pool, "acme", {"gpu": 16})
+    acme = await api.token_for("acme")
+    waiting = await reserve(api, pool, {"gpu": 4}, "acme", acme)
+    await api.ok(
+        "compute/pools/unoffer", {"tenantId": "root", "poolId": pool, "toTenantId": "acme"}
+    )
+    await api.offer(pool, "acme", {"gpu": 16})
+    one_pass(db)
+    got = await api.ok(
+        "compute/reservations/get", {"tenantId": "acme", "reservationId": waiting["id"]}, acme
+    )
+    assert (got["state"], got["reason"]) == ("failed", "PoolGone")
+    assert execute(db, "SELECT used FROM quotas WHERE tenant_id = 'acme'") == [(0,)]
+
+
+async def test_an_idempotent_retry_returns_the_reservation_even_after_an_archive(
+    api: Api, db: Path
+) -> None:
+    """idempotencyKey: a retry returns what the first call made, whatever the pool has become."""
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    first = await reserve(api, pool, {"gpu": 1}, idempotencyKey="job-7")
+    await api.ok("compute/pools/archive", {"tenantId": "root", "poolId": pool})
+    again = await reserve(api, pool, {"gpu": 1}, idempotencyKey="job-7")
+    assert again["id"] == first["id"] and again["state"] == "placed"
+    await api.err(
+        "compute/reservations/create",
+        {"tenantId": "root", "poolId": pool, "resources": {"gpu": 2}, "idempotencyKey": "job-7"},
+        "CONFLICT",
+        "idempotencyKey",
+    )

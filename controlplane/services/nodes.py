@@ -31,6 +31,7 @@ from controlplane.services.admission import (
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now, timestamp
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, Unauthenticated
@@ -259,6 +260,7 @@ async def report_node(
             # Back: ready for now; the reconcile below re-decides (acceptance, family, render).
             fields.update(state=READY, state_reason=None)
             _state_event(db, pool, current, READY, None)
+            res_sql.clear_node_lost(db, current["id"])  # its bookings carry on
         node_sql.update_node(db, current["id"], fields)
         liveness.seen(current["id"])
         # One place decides a node's state: the same render and admission as every pass.

@@ -10,6 +10,7 @@ from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
 from shared.errors import InvalidInput, InvalidState, NotFound
@@ -102,6 +103,7 @@ def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: s
         return False
     pool_sql.drop_quotas_to_used(db, pool_id, tenant, now())
     pool_sql.delete_authz(db, tenant, pool_id)
+    res_sql.mark_pool_gone(db, pool_id, tenant)
     events.append(
         db,
         "pool.unoffered",

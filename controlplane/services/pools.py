@@ -15,6 +15,7 @@ from controlplane.services.access import act_for, authz_attrs, owned_pool, visib
 from controlplane.services.views import pool_view
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, PermissionDenied
@@ -295,6 +296,7 @@ def archive_in_txn(
         pool_sql.delete_authz(db, tenant, pool["id"])
         unoffered.append(tenant)
     pool_sql.archive_pool(db, pool["id"], at)
+    res_sql.mark_pool_gone(db, pool["id"])
     data: dict[str, Any] = {"unofferedTenants": unoffered}
     if reason is not None:
         data["reason"] = reason

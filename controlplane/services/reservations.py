@@ -119,7 +119,10 @@ def spent_hours(db: sqlite_utils.Database, tenant_id: str, meter: str, at: float
             continue
         policy = msgspec.json.decode(pool["policy"])
         share = gpu_equivalents(
-            booking["resource"], booking["amount"], None, policy.get("replicas", 1)
+            booking["resource"],
+            booking["amount"],
+            booking["mig_profile"],
+            policy.get("replicas", 1),
         )
         spent += share * max(0.0, at - _epoch(booking["placed_at"])) / 3600
     return spent
@@ -190,39 +193,55 @@ def place(db: sqlite_utils.Database, row: dict[str, Any], pool: dict[str, Any]) 
     atom = ATOMS[pool["sharing"]]
     wanted_atoms = resources.get(atom, 0)
     rows_asked = {r: a for r, a in resources.items() if r not in ("gpu", "gpu.mig", "gpu.slot")}
-    if wanted_atoms:
-        candidates = res_sql.nodes_with_free_atoms(
-            db, pool["id"], atom, row["mig_profile"], wanted_atoms, PLACE_CANDIDATES
-        )
-    else:
-        candidates = res_sql.ready_nodes(db, pool["id"], PLACE_CANDIDATES)
-    for node_id in candidates:
-        free = res_sql.free_rows(db, node_id)
-        if any(free.get(resource, 0) < amount for resource, amount in rows_asked.items()):
-            continue
+    after = ""
+    while True:  # keyset pages of candidates, until one fits or the pool has no more
         if wanted_atoms:
-            booked = res_sql.book_atoms(
-                db, node_id, atom, row["mig_profile"], wanted_atoms, row["id"]
+            candidates = res_sql.nodes_with_free_atoms(
+                db, pool["id"], atom, row["mig_profile"], wanted_atoms, PLACE_CANDIDATES, after
             )
-            assert booked == wanted_atoms, "the candidate query and the booking disagree"
-            res_sql.insert_booking(db, row["id"], node_id, atom, wanted_atoms)
-        for resource, amount in rows_asked.items():
-            assert res_sql.book_row(db, node_id, resource, amount), (
-                "a row was checked free just now"
-            )
-            res_sql.insert_booking(db, row["id"], node_id, resource, amount)
-        at = now()
-        fields = {
-            "state": "placed",
-            "node_id": node_id,
-            "placed_at": at,
-            "updated_at": at,
-            "reason": None,
-        }
-        res_sql.update(db, row["id"], fields)
-        _event(db, "placed", {**row, **fields}, pool["owner_tenant_id"], nodeId=node_id)
-        return True
-    return False
+        else:
+            candidates = res_sql.ready_nodes(db, pool["id"], PLACE_CANDIDATES, after)
+        if not candidates:
+            return False
+        for node_id in candidates:
+            if _book_on(db, row, pool, node_id, atom, wanted_atoms, rows_asked):
+                return True
+        after = candidates[-1]
+
+
+def _book_on(
+    db: sqlite_utils.Database,
+    row: dict[str, Any],
+    pool: dict[str, Any],
+    node_id: str,
+    atom: str,
+    wanted_atoms: int,
+    rows_asked: dict[str, int],
+) -> bool:
+    """Book the reservation on this node if its rows have room; False (nothing written) if not."""
+    free = res_sql.free_rows(db, node_id)
+    if any(free.get(resource, 0) < amount for resource, amount in rows_asked.items()):
+        return False
+    if wanted_atoms:
+        booked = res_sql.book_atoms(db, node_id, atom, row["mig_profile"], wanted_atoms, row["id"])
+        if booked != wanted_atoms:  # the candidate query said they were free in this transaction
+            raise RuntimeError(f"booked {booked} of {wanted_atoms} {atom} atoms on {node_id}")
+        res_sql.insert_booking(db, row["id"], node_id, atom, wanted_atoms)
+    for resource, amount in rows_asked.items():
+        if not res_sql.book_row(db, node_id, resource, amount):
+            raise RuntimeError(f"{resource} on {node_id} was free a moment ago in this transaction")
+        res_sql.insert_booking(db, row["id"], node_id, resource, amount)
+    at = now()
+    fields = {
+        "state": "placed",
+        "node_id": node_id,
+        "placed_at": at,
+        "updated_at": at,
+        "reason": None,
+    }
+    res_sql.update(db, row["id"], fields)
+    _event(db, "placed", {**row, **fields}, pool["owner_tenant_id"], nodeId=node_id)
+    return True
 
 
 def activate(db: sqlite_utils.Database, seen_since: Callable[[str], float | None]) -> int:
@@ -250,7 +269,7 @@ def retry_pending(db: sqlite_utils.Database) -> int:
         pool = pool_sql.get_pool(db, row["pool_id"])
         assert pool is not None
         offered = pool_sql.authz_row_exists(db, row["tenant_id"], pool["id"])
-        if pool["archived_at"] is not None or not offered:
+        if pool["archived_at"] is not None or not offered or row["reason"] == "PoolGone":
             message = (
                 "the pool is archived" if pool["archived_at"] else "the pool is no longer offered"
             )
@@ -280,19 +299,10 @@ async def create_reservation(
 
     def txn(db: sqlite_utils.Database) -> ReservationView:
         act_for(db, principal, req.tenant_id, "compute:reservations:create")
-        pool = pool_sql.pool_for_tenant(db, req.tenant_id, req.pool_id)
-        # A1: an archived pool takes no new work; for everyone it is NOT_FOUND here.
-        if (
-            pool is None
-            or pool["archived_at"] is not None
-            or not decide(
-                principal, "compute:reservations:create", "compute-pool", authz_attrs(pool)
-            )
-        ):
-            raise pool_not_found()
         if req.idempotency_key is UNSET:
             reservation_id = new_id("res")
         else:
+            # A retry returns what the first call made, whatever the pool has become since.
             reservation_id = derived_id(
                 "res", req.tenant_id, principal.tenant_id, req.idempotency_key
             )
@@ -307,6 +317,16 @@ async def create_reservation(
                         "idempotencyKey was used with different parameters", field="idempotencyKey"
                     )
                 return view(stored)
+        pool = pool_sql.pool_for_tenant(db, req.tenant_id, req.pool_id)
+        # A1: an archived pool takes no new work; for everyone it is NOT_FOUND here.
+        if (
+            pool is None
+            or pool["archived_at"] is not None
+            or not decide(
+                principal, "compute:reservations:create", "compute-pool", authz_attrs(pool)
+            )
+        ):
+            raise pool_not_found()
         check_request(pool, resources, mig_profile)
         policy = msgspec.json.decode(pool["policy"])
         at = now()

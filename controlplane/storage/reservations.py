@@ -65,7 +65,7 @@ def pending(db: sqlite_utils.Database) -> list[dict[str, Any]]:
 def placed_gpu_hours(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
     return rows(
         db,
-        "SELECT r.pool_id, r.placed_at, b.resource, b.amount FROM reservations r "
+        "SELECT r.pool_id, r.placed_at, r.mig_profile, b.resource, b.amount FROM reservations r "
         "JOIN bookings b ON b.reservation_id = r.id "
         "WHERE r.tenant_id = ? AND r.state IN ('placed', 'active') AND b.resource LIKE 'gpu%'",
         [tenant_id],
@@ -82,8 +82,9 @@ def nodes_with_free_atoms(
     profile: str | None,
     count: int,
     limit: int,
+    after: str = "",
 ) -> list[str]:
-    """Ready nodes of the pool with at least ``count`` free atoms, in node order (first fit).
+    """Ready nodes of the pool after ``after`` with at least ``count`` free atoms, in node order.
 
     The index on (resource, allocated, node_id) streams free atoms node by node, so the
     scan stops at the first nodes that fit.
@@ -91,6 +92,7 @@ def nodes_with_free_atoms(
     profile_filter = "AND d.profile = ?" if profile is not None else ""
     params: list[Any] = [
         resource,
+        after,
         *([profile] if profile is not None else []),
         pool_id,
         count,
@@ -98,7 +100,7 @@ def nodes_with_free_atoms(
     ]
     found = db.execute(
         "SELECT d.node_id FROM node_devices d JOIN nodes n ON n.id = d.node_id "
-        f"WHERE d.resource = ? AND d.allocated = 0 {profile_filter} "
+        f"WHERE d.resource = ? AND d.allocated = 0 AND d.node_id > ? {profile_filter} "
         "AND n.pool_id = ? AND n.state = 'ready' "
         "GROUP BY d.node_id HAVING count(*) >= ? ORDER BY d.node_id LIMIT ?",
         params,
@@ -180,6 +182,23 @@ def release(db: sqlite_utils.Database, reservation_id: str) -> list[dict[str, An
             [booking["amount"], booking["node_id"], booking["resource"]],
         )
     return booked
+
+
+def mark_pool_gone(db: sqlite_utils.Database, pool_id: str, tenant_id: str | None = None) -> None:
+    """O6, A1: pending reservations of the pool (of one tenant, on an unoffer) fail with PoolGone
+    at their next retry, even if the pool is offered again before it."""
+    sql = "UPDATE reservations SET reason = 'PoolGone' WHERE pool_id = ? AND state = 'pending'"
+    params: list[Any] = [pool_id]
+    if tenant_id is not None:
+        sql += " AND tenant_id = ?"
+        params.append(tenant_id)
+    db.execute(sql, params)
+
+
+def clear_node_lost(db: sqlite_utils.Database, node_id: str) -> None:
+    db.execute(
+        "UPDATE reservations SET reason = NULL WHERE node_id = ? AND reason = 'NodeLost'", [node_id]
+    )
 
 
 def add_used(
