@@ -1,8 +1,11 @@
-"""`make run`: the control plane and one agent on this machine, joined to a demo pool.
+"""`make run`: the whole product on this machine, from an empty directory.
 
-The agent reports this host's real inventory when it has an NVIDIA GPU, and
-the recorded DGX H100 (agent/fixtures/host-fixtures.json) otherwise, so a new
-user sees capacity rows either way.
+The control plane on its SQLite file; three pools on a shared site, each with an agent
+reporting a recorded host (agent/fixtures/host-fixtures.json): the DGX H100 (exclusive),
+the DGX A100 with MIG on half its GPUs (mig), the L40S server (time-sliced, 4 slots a GPU);
+tenant `acme` with the H100 and A100 pools offered to it. Agents apply their NodeSpec under
+the data directory, never to this machine. It prints ready-to-paste commands, and Ctrl-C
+stops everything it started. Running it again reuses what the data directory holds.
 """
 
 import json
@@ -12,6 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +24,55 @@ import click
 from shared.files import write_secret
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
-DEMO_HOST = "dgx-h100-01"
-DEMO_POLICY = {
-    "acceptance": [{"kind": "diag.nvml"}],
-    "hostReserve": {"vcpu": 8, "memoryGiB": 64},
-    "overcommit": {"vcpu": 2},
-}
+
+
+@dataclass(frozen=True)
+class DemoPool:
+    key: str  # idempotency key and directory name
+    host: str  # the recorded host its agent reports
+    gpu_model: str
+    sharing: str
+    policy: dict[str, Any]
+    owner_quota: dict[str, int]
+    offer: (
+        dict[str, int] | None
+    )  # acme's quota, or None: not offered (time-sliced pools are single-tenant)
+
+
+POOLS = (
+    DemoPool(
+        "demo-h100",
+        "dgx-h100-01",
+        "H100",
+        "exclusive",
+        {
+            "acceptance": [{"kind": "diag.nvml"}],
+            "hostReserve": {"vcpu": 8, "memoryGiB": 64},
+            "overcommit": {"vcpu": 2},
+            "maxPending": "6h",
+        },
+        {"gpu": 8, "vcpu": 432},
+        {"gpu": 4, "vcpu": 64},
+    ),
+    DemoPool(
+        "demo-a100-mig",
+        "dgx-a100-02",
+        "A100",
+        "mig",
+        {"hostReserve": {"vcpu": 8, "memoryGiB": 64}, "maxPending": "6h"},
+        {"gpu.mig": 28},
+        {"gpu.mig": 8},
+    ),
+    DemoPool(
+        "demo-l40s-slots",
+        "l40s-node-03",
+        "L40S",
+        "timeslice",
+        {"replicas": 4, "hugepages": {"2Mi": 1024}},
+        {"gpu.slot": 16},
+        None,
+    ),
+)
 
 
 def _bin(name: str) -> str:
@@ -54,16 +101,90 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
     raise click.ClickException("the control plane did not become ready")
 
 
-def _host_source() -> tuple[list[str], str]:
-    """Agent flags for the inventory to report, and the GPU family it has."""
-    found = subprocess.run(
-        [_bin("better-compute-agent"), "inventory"], capture_output=True, check=True
+def _set_up(url: str, root: str, data_dir: Path) -> list[tuple[DemoPool, str]]:
+    """Site, pools, tenant acme and its offers, join tokens: idempotent, so a rerun reuses them."""
+    sites = _call(url, root, "compute/sites/list", {"tenantId": "root"})["items"]
+    site = (
+        next((s["id"] for s in sites if s["name"] == "demo"), None)
+        or _call(
+            url,
+            root,
+            "compute/sites/create",
+            {"tenantId": "root", "name": "demo", "region": "local", "kind": "shared"},
+        )["id"]
     )
-    inventory = json.loads(found.stdout)
-    families = [gpu["family"] for gpu in inventory["gpus"] if gpu["family"]]
-    if families:
-        return [], families[0]
-    return ["--fixture", str(FIXTURES), "--fixture-host", DEMO_HOST], "H100"
+    tenants_made = (data_dir / "acme.token").exists()
+    if not tenants_made:
+        _call(url, root, "iam/tenants/create", {"tenantId": "acme", "name": "Acme Corp"})
+        acme = _call(url, root, "iam/credentials/create", {"tenantId": "acme", "name": "demo"})
+        write_secret(data_dir / "acme.token", acme["token"])
+    made = []
+    for spec in POOLS:
+        pool = _call(
+            url,
+            root,
+            "compute/pools/create",
+            {
+                "tenantId": "root",
+                "siteId": site,
+                "class": "metal-host",
+                "gpuModel": spec.gpu_model,
+                "sharing": spec.sharing,
+                "policy": spec.policy,
+                "ownerQuota": spec.owner_quota,
+                "idempotencyKey": spec.key,
+            },
+        )
+        if spec.offer is not None:
+            _call(
+                url,
+                root,
+                "compute/pools/offer",
+                {
+                    "tenantId": "root",
+                    "poolId": pool["id"],
+                    "toTenantId": "acme",
+                    "quota": spec.offer,
+                },
+            )
+        state = data_dir / "agents" / spec.key / "state"
+        if not (state / "node.json").exists():
+            join = _call(
+                url,
+                root,
+                "compute/joinTokens/create",
+                {"tenantId": "root", "poolId": pool["id"], "ttlSeconds": 3600},
+            )
+            write_secret(data_dir / "agents" / spec.key / "join.token", join["token"])
+        made.append((spec, pool["id"]))
+    return made
+
+
+def _agent(url: str, data_dir: Path, spec: DemoPool, interval: float) -> subprocess.Popen[bytes]:
+    home = data_dir / "agents" / spec.key
+    return subprocess.Popen(
+        [
+            _bin("better-compute-agent"),
+            "run",
+            "--controlplane",
+            url,
+            "--join-token-file",
+            str(home / "join.token"),
+            "--state-dir",
+            str(home / "state"),
+            "--fixture",
+            str(FIXTURES),
+            "--fixture-host",
+            spec.host,
+            # A demo never changes the machine it runs on: NodeSpecs go under the data directory.
+            "--root",
+            str(home / "root"),
+            "--interval",
+            str(interval),
+            "--log-format",
+            "console",
+        ]
+    )
 
 
 @click.command()
@@ -75,7 +196,7 @@ def _host_source() -> tuple[list[str], str]:
     "--interval", type=float, default=30.0, show_default=True, help="Agent report interval."
 )
 def demo(data_dir: Path, listen: str, interval: float) -> None:
-    """Serve the control plane and run one agent joined to a demo pool, until Ctrl-C."""
+    """Serve the control plane with three agents on recorded hosts, until Ctrl-C."""
     data_dir.mkdir(parents=True, exist_ok=True)
     url = f"http://{listen}"
     token_file = data_dir / "root.token"
@@ -93,82 +214,39 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
             "console",
         ]
     )
-    agent: subprocess.Popen[bytes] | None = None
+    agents: list[subprocess.Popen[bytes]] = []
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         _wait_ready(url, server)
-        root = token_file.read_text().strip()
-        agent_flags, family = _host_source()
-        sites = _call(url, root, "compute/sites/list", {"tenantId": "root"})["items"]
-        site = (
-            next((s["id"] for s in sites if s["name"] == "local"), None)
-            or _call(
-                url,
-                root,
-                "compute/sites/create",
-                {"tenantId": "root", "name": "local", "region": "local", "kind": "shared"},
-            )["id"]
+        pools = _set_up(url, token_file.read_text().strip(), data_dir)
+        agents = [_agent(url, data_dir, spec, interval) for spec, _ in pools]
+        h100 = next(pool_id for spec, pool_id in pools if spec.key == "demo-h100")
+        lines = "\n".join(
+            f"  {pool_id}  {spec.gpu_model} {spec.sharing:<9} ← {spec.host}"
+            for spec, pool_id in pools
         )
-        pool = _call(
-            url,
-            root,
-            "compute/pools/create",
-            {
-                "tenantId": "root",
-                "siteId": site,
-                "class": "metal-host",
-                "gpuModel": family,
-                "policy": DEMO_POLICY,
-                "idempotencyKey": f"demo-{family}",
-            },
-        )
-        state_dir = data_dir / "agent"
-        join_file = data_dir / "join.token"
-        if not (state_dir / "node.json").exists():
-            join = _call(
-                url,
-                root,
-                "compute/joinTokens/create",
-                {"tenantId": "root", "poolId": pool["id"], "ttlSeconds": 3600},
-            )
-            write_secret(join_file, join["token"])
-        agent = subprocess.Popen(
-            [
-                _bin("better-compute-agent"),
-                "run",
-                "--controlplane",
-                url,
-                "--join-token-file",
-                str(join_file),
-                "--state-dir",
-                str(state_dir),
-                "--interval",
-                str(interval),
-                # A demo never changes the machine it runs on: the NodeSpec is applied into a
-                # directory (commands are recorded there, not run).
-                "--root",
-                str(data_dir / "host-root"),
-                "--log-format",
-                "console",
-                *agent_flags,
-            ]
-        )
-        source = "this host" if not agent_flags else f"the recorded host {DEMO_HOST} (no GPU here)"
         click.echo(
-            f"\nbetter-compute is serving on {url}\n"
-            f"  root token: {token_file} (mode 0600)\n"
-            f"  demo pool:  {pool['id']} ({family}), one agent reporting {source}\n"
-            f"  NodeSpec:   applied under {data_dir / 'host-root'}, not to this machine\n"
-            f"  capacity:   curl -s -X POST {url}/api/compute/pools/capacity "
-            f'-H "Authorization: Bearer $(cat {token_file})" '
-            f'-d \'{{"tenantId": "root", "poolId": "{pool["id"]}"}}\'\n'
-            "Ctrl-C stops both.\n"
+            f"\nbetter-compute is serving on {url} with three agents on recorded hosts:\n{lines}\n"
+            f"Tokens: {token_file} (root), {data_dir / 'acme.token'} (tenant acme), mode 0600.\n"
+            "NodeSpecs are applied under "
+            f"{data_dir / 'agents'}/*/root, never to this machine.\n\n"
+            "Try, in another terminal:\n"
+            f"  export BETTER_COMPUTE_URL={url} BETTER_COMPUTE_TOKEN_FILE={data_dir / 'acme.token'}\n"
+            "  .venv/bin/better-compute pools list --tenant acme\n"
+            f"  .venv/bin/better-compute pools capacity --tenant acme {h100}\n"
+            f"  .venv/bin/better-compute reservations create --tenant acme {h100} --resource gpu=2\n"
+            f"  BETTER_COMPUTE_TOKEN_FILE={token_file} .venv/bin/better-compute nodes list --tenant root {h100}\n"
+            "Ctrl-C stops everything.\n"
         )
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
         server.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        for process in (agent, server):
-            if process is not None and process.poll() is None:
+        for process in (*agents, server):
+            if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
+        for process in (*agents, server):
+            try:
                 process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()

@@ -1,0 +1,81 @@
+"""`make run` in a test: the demo comes up, its three agents join, acme sees its offered pools."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]
+
+from tests.daemons import free_port
+
+CONTROLPLANE = Path(sys.executable).parent / "better-compute-controlplane"
+
+
+def api(url: str, token: str, path: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(
+        f"{url}/api/{path}",
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return dict(json.loads(response.read()))
+
+
+def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
+    """Three agents on recorded hosts join three pools; acme sees two offered pools; Ctrl-C stops all."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "demo.log").open("w")
+    demo = subprocess.Popen(
+        [
+            str(CONTROLPLANE),
+            "demo",
+            "--data",
+            str(tmp_path / "var"),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "0.5",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        joined = 0
+        while time.monotonic() < deadline and joined < 3:
+            time.sleep(0.2)
+            text = (tmp_path / "demo.log").read_text()
+            joined = text.count("joined ")
+            assert demo.poll() is None, text
+        assert joined == 3, (tmp_path / "demo.log").read_text()
+        hint = (tmp_path / "demo.log").read_text()
+        assert "better-compute pools list --tenant acme" in hint
+        acme = (tmp_path / "var" / "acme.token").read_text().strip()
+        assert oct(os.stat(tmp_path / "var" / "acme.token").st_mode & 0o777) == "0o600"
+        pools = api(url, acme, "compute/pools/list", {"tenantId": "acme"})["items"]
+        assert sorted((p["gpuModel"], p["sharing"]) for p in pools) == [
+            ("A100", "mig"),
+            ("H100", "exclusive"),
+        ]  # type: ignore[index]
+        root = (tmp_path / "var" / "root.token").read_text().strip()
+        h100 = next(p["id"] for p in pools if p["gpuModel"] == "H100")  # type: ignore[index]
+        capacity = {
+            r["resource"]: r["total"]
+            for r in api(url, root, "compute/pools/capacity", {"tenantId": "root", "poolId": h100})[
+                "items"
+            ]
+        }  # type: ignore[union-attr, index]
+        assert capacity["gpu"] == 8 and capacity["vcpu"] == 432
+        children = psutil.Process(demo.pid).children(recursive=True)
+        assert len(children) == 4  # the control plane and three agents
+    finally:
+        demo.send_signal(signal.SIGINT)  # Ctrl-C
+        demo.wait(timeout=30)
+        log.close()
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
