@@ -14,6 +14,7 @@ import psutil  # type: ignore[import-untyped]
 from tests.daemons import free_port
 
 CONTROLPLANE = Path(sys.executable).parent / "better-compute-controlplane"
+CLI = Path(sys.executable).parent / "better-compute"
 
 
 def api(url: str, token: str, path: str, body: dict[str, object]) -> dict[str, object]:
@@ -72,6 +73,30 @@ def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
             ]
         }  # type: ignore[union-attr, index]
         assert capacity["gpu"] == 8 and capacity["vcpu"] == 432
+        # The printed hint works as printed: the CLI with acme's token, a table, and --json at the end.
+        env = {
+            **os.environ,
+            "BETTER_COMPUTE_URL": url,
+            "BETTER_COMPUTE_TOKEN_FILE": str(tmp_path / "var" / "acme.token"),
+        }
+        table = subprocess.run(
+            [str(CLI), "pools", "list", "--tenant", "acme"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert table.returncode == 0 and h100 in table.stdout and "gpu 0/4" in table.stdout, (
+            table.stderr
+        )
+        as_json = subprocess.run(
+            [str(CLI), "pools", "list", "--tenant", "acme", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert {p["id"] for p in json.loads(as_json.stdout)["items"]} == {p["id"] for p in pools}  # type: ignore[index]
         children = psutil.Process(demo.pid).children(recursive=True)
         assert len(children) == 4  # the control plane and three agents
     finally:
