@@ -1,0 +1,261 @@
+"""Commands for events, join tokens, nodes, reservations and budgets."""
+
+import time
+from typing import Any
+
+import click
+import msgspec
+
+from controlplane.cli.core import (
+    KeyInt,
+    Settings,
+    call,
+    cli,
+    emit,
+    fields,
+    human_bytes,
+    items,
+    short,
+    table,
+    tenant_of,
+    tenant_option,
+)
+
+EVENT_HEADERS = ["SEQ", "AT", "TYPE", "POOL", "DATA"]
+
+
+def event_row(e: dict[str, Any]) -> list[Any]:
+    return [e["seq"], e["at"], e["type"], e.get("poolId"), short(e["data"])]
+
+
+@cli.group()
+def events() -> None:
+    """The event log."""
+
+
+@events.command("list")
+@tenant_option
+@click.option("--after", type=click.IntRange(min=0), help="only events after this seq")
+@click.option("--limit", type=click.IntRange(1, 1000))
+@click.option("--type", "types", multiple=True, help="event type, repeatable: pool.created")
+def events_list(
+    tenant: str | None, after: int | None, limit: int | None, types: tuple[str, ...]
+) -> None:
+    """List events; `next` is the cursor for --after."""
+    body = {"tenantId": tenant_of(tenant), "after": after, "limit": limit, "types": list(types)}
+    emit(call("compute/events/list", body), items(EVENT_HEADERS, event_row))
+
+
+@events.command("tail")
+@tenant_option
+@click.option("--after", type=click.IntRange(min=0), default=0, help="start after this seq")
+@click.option("--follow", "-f", is_flag=True, help="keep polling for new events")
+@click.option("--max", "most", type=click.IntRange(min=1), help="stop after this many events")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, help="poll seconds")
+@click.option("--type", "types", multiple=True, help="event type, repeatable")
+def events_tail(
+    tenant: str | None,
+    after: int,
+    follow: bool,
+    most: int | None,
+    interval: float,
+    types: tuple[str, ...],
+) -> None:
+    """Print events as they come (one JSON object a line with --json); Ctrl-C stops."""
+    settings: Settings = click.get_current_context().find_object(Settings)  # type: ignore[assignment]
+    tenant_id, printed = tenant_of(tenant), 0
+    try:
+        while most is None or printed < most:
+            limit = min(1000, most - printed) if most is not None else 1000
+            body = {"tenantId": tenant_id, "after": after, "limit": limit, "types": list(types)}
+            answer = call("compute/events/list", body)
+            for event in answer["items"]:
+                if settings.as_json:
+                    click.echo(msgspec.json.encode(event).decode())
+                else:
+                    click.echo("  ".join(str(c or "-") for c in event_row(event)))
+                printed += 1
+            after = answer["next"]
+            if not answer["items"]:
+                if not follow:
+                    break
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a person stops following: not an error
+
+
+# --- nodes -----------------------------------------------------------------------
+
+
+@cli.group("join-tokens")
+def join_tokens() -> None:
+    """Join tokens: how an agent joins a pool."""
+
+
+@join_tokens.command("create")
+@tenant_option
+@click.argument("pool_id")
+@click.option("--ttl", type=click.IntRange(60, 30 * 86400), help="ttlSeconds")
+@click.option("--max-uses", type=click.IntRange(1, 100_000))
+def join_tokens_create(
+    tenant: str | None, pool_id: str, ttl: int | None, max_uses: int | None
+) -> None:
+    """Create a join token for a pool the caller owns."""
+    body = {
+        "tenantId": tenant_of(tenant),
+        "poolId": pool_id,
+        "ttlSeconds": ttl,
+        "maxUses": max_uses,
+    }
+    emit(
+        call("compute/joinTokens/create", body), fields(["token", "poolId", "expiresAt", "maxUses"])
+    )
+
+
+def node_row(n: dict[str, Any]) -> list[Any]:
+    gpus = n["gpus"]
+    memory = sum(g["memoryBytes"] for g in gpus)
+    gpu_cell = f"{len(gpus)}x {gpus[0]['name']} ({human_bytes(memory)})" if gpus else "-"
+    return [n["id"], n["hostname"], n["state"], gpu_cell, n.get("lastSeenAt")]
+
+
+NODE_HEADERS = ["ID", "HOSTNAME", "STATE", "GPUS", "LAST SEEN"]
+
+
+def show_node(n: dict[str, Any]) -> None:
+    table(NODE_HEADERS, [node_row(n)])
+    click.echo(f"reason: {n.get('stateReason') or '-'}  spec: {n.get('specVersion') or '-'}")
+    rows = [
+        [r["resource"], r["capacity"], r["allocated"], f"{r['ratio']:g}"] for r in n["resources"]
+    ]
+    table(["RESOURCE", "CAPACITY", "ALLOCATED", "RATIO"], rows)
+
+
+@cli.group()
+def nodes() -> None:
+    """Nodes: machines joined to pools."""
+
+
+@nodes.command("list")
+@tenant_option
+@click.argument("pool_id")
+def nodes_list(tenant: str | None, pool_id: str) -> None:
+    """List a pool's nodes."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
+    emit(call("compute/nodes/list", body), items(NODE_HEADERS, node_row))
+
+
+@nodes.command("get")
+@tenant_option
+@click.argument("node_id")
+def nodes_get(tenant: str | None, node_id: str) -> None:
+    """Show one node with its resource rows."""
+    emit(call("compute/nodes/get", {"tenantId": tenant_of(tenant), "nodeId": node_id}), show_node)
+
+
+# --- reservations and budgets ----------------------------------------------------
+
+RES_HEADERS = ["ID", "POOL", "STATE", "RESOURCES", "NODE", "REASON"]
+
+
+def res_row(r: dict[str, Any]) -> list[Any]:
+    asked = ", ".join(f"{k} {v}" for k, v in r["resources"].items())
+    return [r["id"], r["poolId"], r["state"], asked, r.get("nodeId"), r.get("reason")]
+
+
+def show_res(r: dict[str, Any]) -> None:
+    table(RES_HEADERS, [res_row(r)])
+
+
+@cli.group()
+def reservations() -> None:
+    """Reservations: capacity held for a tenant."""
+
+
+@reservations.command("create")
+@tenant_option
+@click.argument("pool_id")
+@click.option("--resource", type=KeyInt(), multiple=True, required=True, help="gpu=2, repeatable")
+@click.option("--mig-profile", help="e.g. 1g.10gb, with gpu.mig")
+@click.option("--idempotency-key")
+def reservations_create(
+    tenant: str | None,
+    pool_id: str,
+    resource: tuple[tuple[str, int], ...],
+    mig_profile: str | None,
+    idempotency_key: str | None,
+) -> None:
+    """Reserve resources in a pool."""
+    body = {
+        "tenantId": tenant_of(tenant),
+        "poolId": pool_id,
+        "resources": dict(resource),
+        "migProfile": mig_profile,
+        "idempotencyKey": idempotency_key,
+    }
+    emit(call("compute/reservations/create", body), show_res)
+
+
+@reservations.command("get")
+@tenant_option
+@click.argument("reservation_id")
+def reservations_get(tenant: str | None, reservation_id: str) -> None:
+    """Show one reservation."""
+    body = {"tenantId": tenant_of(tenant), "reservationId": reservation_id}
+    emit(call("compute/reservations/get", body), show_res)
+
+
+@reservations.command("list")
+@tenant_option
+@click.option("--pool", "pool_id", help="only this poolId")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(["pending", "placed", "active", "ended", "failed"]),
+)
+def reservations_list(tenant: str | None, pool_id: str | None, states: tuple[str, ...]) -> None:
+    """List a tenant's reservations."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id, "states": list(states)}
+    emit(call("compute/reservations/list", body), items(RES_HEADERS, res_row))
+
+
+@reservations.command("end")
+@tenant_option
+@click.argument("reservation_id")
+def reservations_end(tenant: str | None, reservation_id: str) -> None:
+    """End a reservation and free what it holds."""
+    body = {"tenantId": tenant_of(tenant), "reservationId": reservation_id}
+    emit(call("compute/reservations/end", body), show_res)
+
+
+BUDGET_KEYS = ["tenantId", "meter", "limit", "spent"]
+
+
+@cli.group()
+def budgets() -> None:
+    """Budgets: a limit on a tenant's metered use."""
+
+
+@budgets.command("set")
+@tenant_option
+@click.argument("meter")
+@click.option("--limit", type=click.FloatRange(0, 1e12), help="leave out for no limit")
+def budgets_set(tenant: str | None, meter: str, limit: float | None) -> None:
+    """Set a tenant's budget on a meter such as gpu.h100.hours (root only)."""
+    body = {"tenantId": tenant_of(tenant), "meter": meter, "limit": limit}
+    answer = call("compute/budgets/set", body, nulls=("limit",))
+    emit(answer, fields(BUDGET_KEYS))
+
+
+@budgets.command("get")
+@tenant_option
+@click.argument("meter")
+def budgets_get(tenant: str | None, meter: str) -> None:
+    """Show a tenant's budget and spend on a meter."""
+    answer = call("compute/budgets/get", {"tenantId": tenant_of(tenant), "meter": meter})
+    emit(answer, fields(BUDGET_KEYS))
+
+
+if __name__ == "__main__":
+    cli(prog_name="better-compute")

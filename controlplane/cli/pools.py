@@ -1,0 +1,244 @@
+"""Commands for pools, their capacity and quotas."""
+
+from typing import Any
+
+import click
+
+from controlplane.cli.core import (
+    KeyInt,
+    as_dict,
+    call,
+    cli,
+    emit,
+    fields,
+    items,
+    policy_option,
+    quota_cell,
+    quota_option,
+    short,
+    table,
+    tenant_of,
+    tenant_option,
+    used_max,
+    yes,
+)
+
+# --- pools -----------------------------------------------------------------------
+
+
+def pool_row(p: dict[str, Any]) -> list[Any]:
+    return [
+        p["id"],
+        p.get("gpuModel") or "-",
+        p["class"],
+        p["sharing"],
+        yes(p["owned"]),
+        yes(p["archived"]),
+        quota_cell(p["quotas"]),
+    ]
+
+
+POOL_HEADERS = ["ID", "MODEL", "CLASS", "SHARING", "OWNED", "ARCHIVED", "QUOTA"]
+
+
+def show_pool(p: dict[str, Any]) -> None:
+    fields(["id", "ownerTenantId", "siteId", "class", "gpuModel", "sharing", "agent", "version"])(p)
+    click.echo(f"owned: {yes(p['owned'])}  archived: {yes(p['archived'])}")
+    click.echo(f"quota: {quota_cell(p['quotas'])}")
+    for offer in p.get("offers", []):
+        quota = ", ".join(f"{k} {v}" for k, v in offer["quota"].items())
+        click.echo(f"offered to {offer['toTenantId']}: {quota} (priority {offer['priority']})")
+    click.echo(f"policy: {short(p['policy'])}")
+
+
+def capacity_table(answer: Any) -> None:
+    table(
+        ["RESOURCE", "TOTAL", "ALLOCATED", "AVAILABLE"],
+        [[r["resource"], r["total"], r["allocated"], r["available"]] for r in answer["items"]],
+    )
+
+
+@cli.group()
+def pools() -> None:
+    """Pools: create, offer to tenants, update, archive."""
+
+
+@pools.command("list")
+@tenant_option
+def pools_list(tenant: str | None) -> None:
+    """List the pools a tenant owns or is offered."""
+    emit(call("compute/pools/list", {"tenantId": tenant_of(tenant)}), items(POOL_HEADERS, pool_row))
+
+
+@pools.command("get")
+@tenant_option
+@click.argument("pool_id")
+def pools_get(tenant: str | None, pool_id: str) -> None:
+    """Show one pool."""
+    emit(call("compute/pools/get", {"tenantId": tenant_of(tenant), "poolId": pool_id}), show_pool)
+
+
+@pools.command("create")
+@tenant_option
+@click.option("--site", "site_id", required=True, help="siteId")
+@click.option(
+    "--class",
+    "pool_class",
+    required=True,
+    type=click.Choice(["metal-host", "metal-dedicated", "vps-host", "provider"]),
+)
+@click.option("--gpu-model", help="e.g. H100; leave out for a CPU pool")
+@click.option("--sharing", type=click.Choice(["exclusive", "mig", "timeslice", "mps"]))
+@click.option("--agent", type=click.Choice(["bcd", "none"]))
+@policy_option
+@click.option("--owner-quota", type=KeyInt(), multiple=True, help="KEY=INT, repeatable")
+@click.option("--provider-account", help="providerAccountId")
+@click.option("--idempotency-key")
+def pools_create(
+    tenant: str | None,
+    site_id: str,
+    pool_class: str,
+    gpu_model: str | None,
+    sharing: str | None,
+    agent: str | None,
+    policy: Any,
+    owner_quota: tuple[tuple[str, int], ...],
+    provider_account: str | None,
+    idempotency_key: str | None,
+) -> None:
+    """Create a pool."""
+    body = {
+        "tenantId": tenant_of(tenant),
+        "siteId": site_id,
+        "class": pool_class,
+        "gpuModel": gpu_model,
+        "sharing": sharing,
+        "agent": agent,
+        "policy": policy,
+        "ownerQuota": as_dict(owner_quota),
+        "providerAccountId": provider_account,
+        "idempotencyKey": idempotency_key,
+    }
+    emit(call("compute/pools/create", body), show_pool)
+
+
+@pools.command("offer")
+@tenant_option
+@click.argument("pool_id")
+@click.option("--to", "to_tenant", required=True, help="toTenantId")
+@quota_option
+@click.option("--include-descendants", is_flag=True)
+@click.option("--priority", type=click.IntRange(-1000, 1000))
+def pools_offer(
+    tenant: str | None,
+    pool_id: str,
+    to_tenant: str,
+    quota: tuple[tuple[str, int], ...],
+    include_descendants: bool,
+    priority: int | None,
+) -> None:
+    """Offer a pool to a tenant with a quota."""
+    body = {
+        "tenantId": tenant_of(tenant),
+        "poolId": pool_id,
+        "toTenantId": to_tenant,
+        "quota": dict(quota),
+        "includeDescendants": include_descendants,
+        "priority": priority,
+    }
+    emit(call("compute/pools/offer", body), show_pool)
+
+
+@pools.command("unoffer")
+@tenant_option
+@click.argument("pool_id")
+@click.option("--to", "to_tenant", required=True, help="toTenantId")
+def pools_unoffer(tenant: str | None, pool_id: str, to_tenant: str) -> None:
+    """Withdraw a pool's offer to a tenant."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id, "toTenantId": to_tenant}
+    emit(call("compute/pools/unoffer", body), fields(["removed"]))
+
+
+@pools.command("update")
+@tenant_option
+@click.argument("pool_id")
+@policy_option
+@click.option("--gpu-model")
+def pools_update(tenant: str | None, pool_id: str, policy: Any, gpu_model: str | None) -> None:
+    """Change a pool's policy or GPU model."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id, "policy": policy}
+    emit(call("compute/pools/update", {**body, "gpuModel": gpu_model}), show_pool)
+
+
+@pools.command("archive")
+@tenant_option
+@click.argument("pool_id")
+def pools_archive(tenant: str | None, pool_id: str) -> None:
+    """Archive a pool."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
+    emit(call("compute/pools/archive", body), show_pool)
+
+
+@pools.command("capacity")
+@tenant_option
+@click.argument("pool_id")
+def pools_capacity(tenant: str | None, pool_id: str) -> None:
+    """A pool's capacity by resource."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
+    emit(call("compute/pools/capacity", body), capacity_table)
+
+
+@cli.command("capacity")
+@tenant_option
+@click.argument("pool_id")
+def capacity(tenant: str | None, pool_id: str) -> None:
+    """A pool's capacity by resource (capacity/byPool)."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
+    emit(call("compute/capacity/byPool", body), capacity_table)
+
+
+# --- quotas and events -----------------------------------------------------------
+
+QUOTA_HEADERS = ["TENANT", "POOL", "RESOURCE", "USED/MAX", "AVAILABLE"]
+
+
+def quota_rows(answer: Any) -> None:
+    table(
+        QUOTA_HEADERS,
+        [
+            [r["tenantId"], r["poolId"], r["resource"], used_max(r), r["available"]]
+            for r in (answer["items"] if "items" in answer else answer.get("quotas", []))
+        ],
+    )
+
+
+@cli.group()
+def quotas() -> None:
+    """Quotas: a tenant's share of a pool."""
+
+
+@quotas.command("set")
+@tenant_option
+@click.argument("pool_id")
+@click.option("--for", "for_tenant", required=True, help="forTenantId")
+@quota_option
+def quotas_set(
+    tenant: str | None, pool_id: str, for_tenant: str, quota: tuple[tuple[str, int], ...]
+) -> None:
+    """Set a tenant's quota on a pool the caller owns."""
+    body = {
+        "tenantId": tenant_of(tenant),
+        "poolId": pool_id,
+        "forTenantId": for_tenant,
+        "quota": dict(quota),
+    }
+    emit(call("compute/quotas/set", body), quota_rows)
+
+
+@quotas.command("list")
+@tenant_option
+@click.option("--pool", "pool_id", help="only this poolId")
+def quotas_list(tenant: str | None, pool_id: str | None) -> None:
+    """List the caller tenant's quota rows."""
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
+    emit(call("compute/quotas/list", body), quota_rows)
