@@ -31,6 +31,8 @@ def field_of(exc: msgspec.ValidationError, *, prefix: str = "") -> tuple[str, st
     if match:
         text, path = match["message"], match["path"]
     # `$.a[1].b` → a.1.b; a map value `[...]` names its map.
+    # whole() anchors every pattern with (?!\n)$; people read the pattern without it.
+    text = re.sub(r"\(\?!\\+n\)", "", text)
     parts = [p for p in re.split(r"\.|\[([0-9]*)[^\]]*\]", path) if p]
     named = _NAMED.match(text)
     if named:

@@ -128,7 +128,9 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     events = cli.ok_json("events", "list", "--tenant", "root", "--type", "pool.created")
     assert [e["type"] for e in events["items"]] == ["pool.created"]
     assert "pool.created" in cli("events", "list", "--tenant", "root").out
-    tail = cli("--json", "events", "tail", "--tenant", "root", "--follow", "--max", "1")
+    tail = cli(
+        "--json", "events", "tail", "--tenant", "root", "--after", "0", "--follow", "--max", "1"
+    )
     assert len(tail.out.splitlines()) == 1 and json.loads(tail.out)["seq"] >= 1
 
     join = cli.ok_json("join-tokens", "create", pool_id, "--tenant", "root", "--max-uses", "2")
@@ -143,6 +145,13 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     assert node["nodeId"] in nodes and "8x" in nodes and "GiB" in nodes
     shown = cli("nodes", "get", node["nodeId"], "--tenant", "root").out
     assert "dgx-h100-01" in shown and "RESOURCE" in shown
+    assert any(line.split()[:2] == ["gpu", "8"] for line in shown.splitlines())  # GPU atoms
+
+    # A reservation that cannot be placed is a failure: exit 1 and the reason on stderr.
+    failed = cli(
+        "reservations", "create", pool_id, "--tenant", "acme", "--resource", "gpu=100", code=1
+    )
+    assert failed.err.startswith("error: reservation failed: ")
 
     res = cli.ok_json("reservations", "create", pool_id, "--tenant", "acme", "--resource", "gpu=1")
     assert res["state"] == "placed"  # on the DGX that joined above
@@ -205,6 +214,9 @@ def test_profile_from_config_toml(cli: Cli, daemon_once: Daemon, tmp_path: Path)
     assert "items" in lab("--json", "--profile", "lab", "sites", "list").json()  # tenant from it
     run = lab("--profile", "missing", "sites", "list", code=1)
     assert "no profile 'missing'" in run.err
+    config.write_text("[profiles.lab]\nurl = 5\n")
+    bad = lab("--profile", "lab", "sites", "list", code=1)
+    assert bad.err.startswith("error: ") and "Traceback" not in bad.err
 
 
 def test_help_mentions_completion(cli: Cli) -> None:

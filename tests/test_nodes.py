@@ -337,14 +337,19 @@ async def test_acceptance_diag_nvml_quarantines_unhealthy_hosts(api: Api) -> Non
 
 
 async def test_nodes_are_visible_to_the_pool_owner_only(api: Api, db: Path) -> None:
-    """nodes/list and nodes/get are owner only; anyone else gets NOT_FOUND."""
+    """nodes/list and nodes/get are owner only: an offered tenant is told so for list,
+    NOT_FOUND for a node; a tenant that cannot see the pool gets NOT_FOUND."""
     await api.tenant("acme")
     pool, token = await pool_with_token(api)
     node = await joined(api, token, recorded("dgx-h100-01"))
     await api.offer(pool, "acme")
     acme = await api.token_for("acme")
     await api.err(
-        "compute/nodes/list", {"tenantId": "acme", "poolId": pool}, "NOT_FOUND", "poolId", acme
+        "compute/nodes/list",
+        {"tenantId": "acme", "poolId": pool},
+        "PERMISSION_DENIED",
+        "poolId",
+        acme,
     )
     await api.err(
         "compute/nodes/get",
@@ -352,5 +357,14 @@ async def test_nodes_are_visible_to_the_pool_owner_only(api: Api, db: Path) -> N
         "NOT_FOUND",
         "nodeId",
         acme,
+    )
+    await api.tenant("stranger")
+    stranger = await api.token_for("stranger")
+    await api.err(
+        "compute/nodes/list",
+        {"tenantId": "stranger", "poolId": pool},
+        "NOT_FOUND",
+        "poolId",
+        stranger,
     )
     assert snapshot(db)["pools"]

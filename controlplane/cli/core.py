@@ -69,6 +69,9 @@ def resolve(
         if name not in profiles and profile is not None:
             fail(f"no profile {name!r} in {path}")
         values = profiles.get(name, {})
+        for key in ("url", "token", "token_file", "tenant"):
+            if key in values and not isinstance(values[key], str):
+                fail(f"profile {name!r} in {path}: {key} must be a string")
     url = url or values.get("url")
     if token is None and token_file is None and "token" not in values:
         token_file = values.get("token_file")

@@ -46,16 +46,31 @@ def events_list(
     emit(call("compute/events/list", body), items(EVENT_HEADERS, event_row))
 
 
+def _end_of_log(tenant_id: str, types: tuple[str, ...]) -> int:
+    """The seq of the last event visible now: following starts after it, as `tail -f` does."""
+    after = 0
+    while True:
+        body = {"tenantId": tenant_id, "after": after, "limit": 1000, "types": list(types)}
+        answer = call("compute/events/list", body)
+        if not answer["items"]:
+            return int(answer["next"])
+        after = answer["next"]
+
+
 @events.command("tail")
 @tenant_option
-@click.option("--after", type=click.IntRange(min=0), default=0, help="start after this seq")
+@click.option(
+    "--after",
+    type=click.IntRange(min=0),
+    help="start after this seq (default: the whole log; with --follow, only what comes next)",
+)
 @click.option("--follow", "-f", is_flag=True, help="keep polling for new events")
 @click.option("--max", "most", type=click.IntRange(min=1), help="stop after this many events")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, help="poll seconds")
 @click.option("--type", "types", multiple=True, help="event type, repeatable")
 def events_tail(
     tenant: str | None,
-    after: int,
+    after: int | None,
     follow: bool,
     most: int | None,
     interval: float,
@@ -64,6 +79,8 @@ def events_tail(
     """Print events as they come (one JSON object a line with --json); Ctrl-C stops."""
     settings: Settings = click.get_current_context().find_object(Settings)  # type: ignore[assignment]
     tenant_id, printed = tenant_of(tenant), 0
+    if after is None:
+        after = _end_of_log(tenant_id, types) if follow else 0
     try:
         while most is None or printed < most:
             limit = min(1000, most - printed) if most is not None else 1000
@@ -128,6 +145,14 @@ def show_node(n: dict[str, Any]) -> None:
     rows = [
         [r["resource"], r["capacity"], r["allocated"], f"{r['ratio']:g}"] for r in n["resources"]
     ]
+    # GPU atoms (gpu, gpu.mig by profile, gpu.slot) as rows beside node_resources.
+    atoms: dict[str, list[int]] = {}
+    for device in n.get("devices", []):
+        key = device["resource"] + (f" {device['profile']}" if device.get("profile") else "")
+        counts = atoms.setdefault(key, [0, 0])
+        counts[0] += 1
+        counts[1] += int(device["allocated"])
+    rows += [[key, total, booked, "-"] for key, (total, booked) in sorted(atoms.items())]
     table(["RESOURCE", "CAPACITY", "ALLOCATED", "RATIO"], rows)
 
 
@@ -193,7 +218,12 @@ def reservations_create(
         "migProfile": mig_profile,
         "idempotencyKey": idempotency_key,
     }
-    emit(call("compute/reservations/create", body), show_res)
+    answer = call("compute/reservations/create", body)
+    emit(answer, show_res)
+    if answer["state"] == "failed":
+        # A refused admission is an answer, not an API error; scripts still need to tell.
+        click.echo(f"error: reservation failed: {answer['reason']}", err=True)
+        raise SystemExit(1)
 
 
 @reservations.command("get")
