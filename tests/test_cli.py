@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,3 +227,30 @@ def test_help_mentions_completion(cli: Cli) -> None:
     for group in ("pools", "quotas", "events", "join-tokens", "reservations", "budgets"):
         assert group in out
     assert "complete -o" in cli(_BETTER_COMPUTE_COMPLETE="bash_source").out
+
+
+def test_events_tail_follow_prints_only_what_comes_next(cli: Cli) -> None:
+    """`events tail --follow` starts at the end of the log and prints the next event as it lands."""
+    before = cli.ok_json("events", "list", "--tenant", "root", "--limit", "1000")["next"]
+    follow = ("--follow", "--max", "1", "--interval", "0.1")
+    tail = subprocess.Popen(
+        [str(CLI), "--json", "events", "tail", "--tenant", "root", *follow],
+        env=cli.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # The tail reads the end of the log when it starts; events keep landing until it prints.
+        for attempt in range(50):
+            cli("sites", "create", "--tenant", "root", "--name", f"tail{attempt}", "--region", "eu")
+            time.sleep(0.2)
+            if tail.poll() is not None:
+                break
+        out, err = tail.communicate(timeout=10)
+    finally:
+        tail.kill()
+    assert tail.returncode == 0, err
+    (line,) = out.splitlines()
+    event = json.loads(line)
+    assert event["seq"] > before and event["type"] == "site.created"
