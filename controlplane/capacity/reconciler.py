@@ -20,6 +20,7 @@ import asyncio
 import functools
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,14 +72,25 @@ def readmit(
     node_sql.update_node(
         db, node["id"], {"state": state, "state_reason": reason, "updated_at": now()}
     )
+    state_event(db, node, node["owner_tenant_id"], state, reason)
+    return True
+
+
+def state_event(
+    db: sqlite_utils.Database,
+    node: Mapping[str, Any],
+    owner_tenant_id: str,
+    state: str,
+    reason: str | None,
+) -> None:
+    """node.ready or node.quarantined, for the pool's owner."""
     events.append(
         db,
         "node.ready" if state == READY else "node.quarantined",
         pool_id=node["pool_id"],
         data={"nodeId": node["id"], "hostname": node["hostname"], "state": state, "reason": reason},
-        audience=[node["owner_tenant_id"]],
+        audience=[owner_tenant_id],
     )
-    return True
 
 
 def served_version(node: dict[str, Any], units: NodeSpecUnits) -> str:

@@ -14,7 +14,7 @@ import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import reconcile_one
+from controlplane.capacity.reconciler import reconcile_one, state_event
 from controlplane.capacity.resources import HostFacts
 from controlplane.iam.decide import Principal
 from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
@@ -120,22 +120,6 @@ def _inventory_fields(inventory: Inventory) -> dict[str, Any]:
         "machine_id": inventory.machine_id,
         **{name: getattr(facts, name) for name in node_sql.FACTS},
     }
-
-
-def _state_event(
-    db: sqlite_utils.Database,
-    pool: Mapping[str, Any],
-    node: Mapping[str, Any],
-    state: str,
-    reason: str | None,
-) -> None:
-    events.append(
-        db,
-        "node.ready" if state == READY else "node.quarantined",
-        pool_id=pool["id"],
-        data={"nodeId": node["id"], "hostname": node["hostname"], "state": state, "reason": reason},
-        audience=[pool["owner_tenant_id"]],
-    )
 
 
 async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
@@ -266,7 +250,7 @@ async def report_node(
         if current["state"] == LOST:
             # Back: ready for now; the reconcile below re-decides (acceptance, family, render).
             fields.update(state=READY, state_reason=None)
-            _state_event(db, pool, current, READY, None)
+            state_event(db, current, pool["owner_tenant_id"], READY, None)
             res_sql.clear_node_lost(db, current["id"])  # its bookings carry on
         node_sql.update_node(db, current["id"], fields)
         liveness.seen(current["id"])

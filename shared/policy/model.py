@@ -36,6 +36,15 @@ MigProfile = Annotated[
 MigKey = Annotated[str, Meta(pattern=whole(r"^(default|GPU-[0-9a-fA-F-]{36})$"))]
 
 
+def cpu_ranges(spec: CpuList) -> list[tuple[int, int]]:
+    """A CpuList such as ``2-7,10`` as (low, high) ranges, in the order written."""
+    ranges = []
+    for part in spec.split(","):
+        low, _, high = part.partition("-")
+        ranges.append((int(low), int(high or low)))
+    return ranges
+
+
 class Section(Struct, forbid_unknown_fields=True):
     """A known policy field: unknown keys inside it are refused."""
 

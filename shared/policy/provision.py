@@ -9,17 +9,10 @@ from msgspec import UNSET
 
 from shared.mig import layout_fits, profiles_for
 from shared.nodespec import RenderRefused
+from shared.policy.model import cpu_ranges
 from shared.policy.validate import PolicyContext, PolicyViolation
 
 SHARED_SLOTS = ("timeslice", "mps")
-
-
-def _cpu_ranges(spec: str) -> list[tuple[int, int]]:
-    ranges = []
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        ranges.append((int(low), int(high or low)))
-    return ranges
 
 
 def validate_kernel_modules(ctx: PolicyContext) -> None:
@@ -36,11 +29,11 @@ def validate_cpu(ctx: PolicyContext) -> None:
     if cpu is UNSET or cpu.isolate is UNSET:
         return
     previous = -1
-    for low, high in _cpu_ranges(cpu.isolate):
+    for low, high in cpu_ranges(cpu.isolate):
         if low > high or low <= previous:
             raise PolicyViolation("cpu.isolate", "CPU ranges must ascend without overlap")
         previous = high
-    if _cpu_ranges(cpu.isolate)[0][0] == 0:
+    if cpu_ranges(cpu.isolate)[0][0] == 0:
         raise PolicyViolation("cpu.isolate", "CPU 0 keeps the host running and cannot be isolated")
 
 

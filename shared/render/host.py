@@ -15,7 +15,7 @@ from msgspec import UNSET
 
 from shared.inventory import Inventory
 from shared.nodespec import RenderRefused, Unit
-from shared.policy.model import Policy
+from shared.policy.model import Policy, cpu_ranges
 from shared.render.text import HEADER, file_unit, service_unit, systemd_unit
 
 GiB = 2**30
@@ -168,14 +168,6 @@ def governor_units(policy: Policy) -> list[Unit]:
     ]
 
 
-def _cpu_ranges(spec: str) -> list[tuple[int, int]]:
-    ranges = []
-    for part in spec.split(","):
-        low, _, high = part.partition("-")
-        ranges.append((int(low), int(high or low)))
-    return ranges
-
-
 def isolation_args(
     policy: Policy, inventory: Inventory, *, host_size_checks: bool = True
 ) -> list[str]:
@@ -186,7 +178,7 @@ def isolation_args(
     spec = cpu.isolate
     count = inventory.cpu.logical_cpus
     isolated: set[int] = set()
-    for low, high in _cpu_ranges(spec):
+    for low, high in cpu_ranges(spec):
         if low > high:
             raise RenderRefused("cpu.isolate", f"the range {low}-{high} runs backwards")
         if host_size_checks and high >= count:
