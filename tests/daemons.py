@@ -82,3 +82,16 @@ async def call(session: aiohttp.ClientSession, url: str, path: str, token: str, 
         answer = await response.json()
         assert response.status == 200, answer
         return answer
+
+
+async def root_pool(session: aiohttp.ClientSession, daemon: Daemon, **pool: Any) -> Any:
+    """A shared site and a metal-host pool on it owned by root, two calls; `pool` adds fields."""
+    site = await call(
+        session,
+        daemon.url,
+        "compute/sites/create",
+        daemon.token,
+        {"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"},
+    )
+    body = {"tenantId": "root", "siteId": site["id"], "class": "metal-host", **pool}
+    return await call(session, daemon.url, "compute/pools/create", daemon.token, body)

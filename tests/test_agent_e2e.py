@@ -11,7 +11,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.daemons import Daemon, call
+from tests.daemons import Daemon, call, root_pool
 from tests.nodes import DGX_POLICY, FIXTURES
 
 AGENT = Path(sys.executable).parent / "better-compute-agent"
@@ -21,26 +21,7 @@ async def demo_pool(daemon: Daemon, gpu_model: str = "H100") -> tuple[str, Path]
     """A pool with the DGX policy and a join token written to a 0600 file."""
     root = daemon.token
     async with aiohttp.ClientSession() as session:
-        site = await call(
-            session,
-            daemon.url,
-            "compute/sites/create",
-            root,
-            {"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"},
-        )
-        pool = await call(
-            session,
-            daemon.url,
-            "compute/pools/create",
-            root,
-            {
-                "tenantId": "root",
-                "siteId": site["id"],
-                "class": "metal-host",
-                "gpuModel": gpu_model,
-                "policy": DGX_POLICY,
-            },
-        )
+        pool = await root_pool(session, daemon, gpuModel=gpu_model, policy=DGX_POLICY)
         token = await call(
             session,
             daemon.url,

@@ -7,7 +7,7 @@ import sqlite3
 
 import aiohttp
 
-from tests.daemons import Daemon, call
+from tests.daemons import Daemon, call, root_pool
 
 
 async def test_daemon_serves_the_readme_walkthrough_and_survives_restart(daemon: Daemon) -> None:
@@ -19,26 +19,12 @@ async def test_daemon_serves_the_readme_walkthrough_and_survives_restart(daemon:
         async with session.get(f"{daemon.url}/readyz") as ready:
             assert ready.status == 200
         await call(session, daemon.url, "iam/tenants/create", root, {"tenantId": "acme"})
-        site = await call(
+        pool = await root_pool(
             session,
-            daemon.url,
-            "compute/sites/create",
-            root,
-            {"tenantId": "root", "name": "fra1", "region": "eu-central", "kind": "shared"},
-        )
-        pool = await call(
-            session,
-            daemon.url,
-            "compute/pools/create",
-            root,
-            {
-                "tenantId": "root",
-                "siteId": site["id"],
-                "class": "metal-host",
-                "gpuModel": "H100",
-                "policy": {"acceptance": [{"kind": "diag.nvml"}], "maxPending": "6h"},
-                "idempotencyKey": "pool-fra1-h100",
-            },
+            daemon,
+            gpuModel="H100",
+            policy={"acceptance": [{"kind": "diag.nvml"}], "maxPending": "6h"},
+            idempotencyKey="pool-fra1-h100",
         )
         await call(
             session,
@@ -83,20 +69,7 @@ async def test_sigkill_mid_load_leaves_the_database_consistent(daemon: Daemon) -
         tenants = [f"t{i}" for i in range(8)]
         for tenant in tenants:
             await call(session, daemon.url, "iam/tenants/create", root, {"tenantId": tenant})
-        site = await call(
-            session,
-            daemon.url,
-            "compute/sites/create",
-            root,
-            {"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"},
-        )
-        pool = await call(
-            session,
-            daemon.url,
-            "compute/pools/create",
-            root,
-            {"tenantId": "root", "siteId": site["id"], "class": "metal-host"},
-        )
+        pool = await root_pool(session, daemon)
 
         async def offer(i: int) -> None:
             body = {
