@@ -140,43 +140,18 @@ async def test_s1_requests_must_match_the_pools_sharing(api: Api, db: Path) -> N
     """S1: gpu in exclusive pools, gpu.mig with a migProfile in mig pools, gpu.slot in timeslice/mps pools."""
     pool, _ = await pool_with_token(api)
     mig, _ = await pool_with_token(api, gpuModel="A100", sharing="mig", ownerQuota={"gpu.mig": 7})
+    refused = [  # (pool, request fields, details.field)
+        (pool, {"resources": {"gpu.slot": 1}}, "resources.gpu.slot"),
+        (pool, {"resources": {"diskGiB": 1}}, "resources.diskGiB"),
+        (pool, {"resources": {}}, "resources"),
+        (mig, {"resources": {"gpu.mig": 1}}, "migProfile"),
+        (mig, {"resources": {"gpu.mig": 1}, "migProfile": "1g.18gb"}, "migProfile"),
+        (pool, {"resources": {"gpu": 0}}, "resources.gpu"),
+    ]
     before = snapshot(db)
-    await api.err(
-        "compute/reservations/create",
-        {"tenantId": "root", "poolId": pool, "resources": {"gpu.slot": 1}},
-        "INVALID_INPUT",
-        "resources.gpu.slot",
-    )
-    await api.err(
-        "compute/reservations/create",
-        {"tenantId": "root", "poolId": pool, "resources": {"diskGiB": 1}},
-        "INVALID_INPUT",
-        "resources.diskGiB",
-    )
-    await api.err(
-        "compute/reservations/create",
-        {"tenantId": "root", "poolId": pool, "resources": {}},
-        "INVALID_INPUT",
-        "resources",
-    )
-    await api.err(
-        "compute/reservations/create",
-        {"tenantId": "root", "poolId": mig, "resources": {"gpu.mig": 1}},
-        "INVALID_INPUT",
-        "migProfile",
-    )
-    await api.err(
-        "compute/reservations/create",
-        {"tenantId": "root", "poolId": mig, "resources": {"gpu.mig": 1}, "migProfile": "1g.18gb"},
-        "INVALID_INPUT",
-        "migProfile",
-    )
-    await api.err(
-        "compute/reservations/create",
-        {"tenantId": "root", "poolId": pool, "resources": {"gpu": 0}},
-        "INVALID_INPUT",
-        "resources.gpu",
-    )
+    for pool_id, fields, field in refused:
+        body = {"tenantId": "root", "poolId": pool_id, **fields}
+        await api.err("compute/reservations/create", body, "INVALID_INPUT", field)
     assert snapshot(db) == before
 
 

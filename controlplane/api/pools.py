@@ -1,10 +1,24 @@
 """The seed's eight pools methods (003)."""
 
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+
 from controlplane.api.method import Method, Write, read, write
+from controlplane.iam.decide import Principal
 from controlplane.services import offers, pools
+from controlplane.storage.db import Store
 from shared import schemas as s
 
-# create and update validate against the attestors the server registered (P8).
+
+def with_attestors(
+    fn: Callable[[Store, Principal, Any, frozenset[str]], Awaitable[msgspec.Struct]],
+) -> Write:
+    """A pool mutation that validates against the attestors the server registered (P8)."""
+    return Write(lambda rt, principal, body: fn(rt.db, principal, body, rt.config.attestors))
+
+
 METHODS = (
     Method(
         "/api/compute/pools/list",
@@ -24,11 +38,7 @@ METHODS = (
         "/api/compute/pools/create",
         s.PoolsCreate,
         s.PoolView,
-        Write(
-            lambda rt, principal, body: pools.create_pool(
-                rt.db, principal, body, rt.config.attestors
-            )
-        ),
+        with_attestors(pools.create_pool),
         "Create a pool on a site the tenant owns; version 1, empty rollup.",
     ),
     Method(
@@ -56,11 +66,7 @@ METHODS = (
         "/api/compute/pools/update",
         s.PoolsUpdate,
         s.PoolView,
-        Write(
-            lambda rt, principal, body: pools.update_pool(
-                rt.db, principal, body, rt.config.attestors
-            )
-        ),
+        with_attestors(pools.update_pool),
         "Replace the policy, the GPU model, or both; version + 1.",
     ),
     Method(
