@@ -337,8 +337,8 @@ async def test_acceptance_diag_nvml_quarantines_unhealthy_hosts(api: Api) -> Non
 
 
 async def test_nodes_are_visible_to_the_pool_owner_only(api: Api, db: Path) -> None:
-    """nodes/list and nodes/get are owner only: an offered tenant is told so for list,
-    NOT_FOUND for a node; a tenant that cannot see the pool gets NOT_FOUND."""
+    """nodes/list and nodes/get are owner only: anyone else, offered or not, gets NOT_FOUND
+    (DESIGN: PERMISSION_DENIED is only for a credential that may not act for the tenant)."""
     await api.tenant("acme")
     pool, token = await pool_with_token(api)
     node = await joined(api, token, recorded("dgx-h100-01"))
@@ -347,7 +347,7 @@ async def test_nodes_are_visible_to_the_pool_owner_only(api: Api, db: Path) -> N
     await api.err(
         "compute/nodes/list",
         {"tenantId": "acme", "poolId": pool},
-        "PERMISSION_DENIED",
+        "NOT_FOUND",
         "poolId",
         acme,
     )

@@ -18,7 +18,7 @@ from controlplane.capacity.reconciler import reconcile_one, state_event
 from controlplane.capacity.resources import HostFacts
 from controlplane.iam.decide import Principal
 from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
-from controlplane.services.access import act_for, owned_pool, visible_pool
+from controlplane.services.access import act_for, owned_pool
 from controlplane.services.admission import (
     LOST,
     READY,
@@ -34,14 +34,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now, timestamp
-from shared.errors import (
-    Conflict,
-    InvalidInput,
-    InvalidState,
-    NotFound,
-    PermissionDenied,
-    Unauthenticated,
-)
+from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, Unauthenticated
 from shared.gpu import with_families
 from shared.ids import new_id
 from shared.inventory import Inventory
@@ -354,12 +347,8 @@ def _views(
 def list_nodes(
     db: sqlite_utils.Database, principal: Principal, liveness: Liveness, req: NodesList
 ) -> NodeList:
-    """The pool's nodes with their rows; owner only (offered: PERMISSION_DENIED, else NOT_FOUND)."""
+    """The pool's nodes with their rows; owner only: anyone else, offered or not, NOT_FOUND."""
     act_for(db, principal, req.tenant_id, "compute:nodes:read")
-    # A tenant that sees the pool (offered) learns nothing new from a refusal: say why.
-    pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:read")
-    if not pool["authz_owned"]:
-        raise PermissionDenied("only the pool's owner lists its nodes", field="poolId")
     pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:read")
     return NodeList(items=_views(db, node_sql.nodes_of_pool(db, pool["id"]), liveness))
 
