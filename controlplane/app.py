@@ -22,6 +22,7 @@ from controlplane.capacity.reconciler import run_reconciler
 from controlplane.config import MAX_BODY_BYTES, Config
 from controlplane.iam.decide import Principal
 from controlplane.runtime import Runtime
+from controlplane.services.access import authorize
 from controlplane.services.iam import authenticate, bootstrap
 from controlplane.services.nodes import authenticate_node
 from controlplane.storage.db import Store
@@ -172,10 +173,12 @@ def method_handler(method: Method) -> Handler:
             # No await from here on: the read transaction never spans a suspension.
             with runtime.db.snapshot() as db:
                 caller = identify(method, db, token, request, runtime)
+                authorize(db, caller, method.access, body)
                 answer = method.call.fn(db, caller, body, runtime)
         else:
             caller = identify(method, runtime.db.reader, token, request, runtime)
-            answer = await method.call.fn(runtime, caller, body)
+            store = runtime.db.gated(lambda db: authorize(db, caller, method.access, body))
+            answer = await method.call.fn(store, runtime, caller, body)
         return json_response(answer)
 
     return handle

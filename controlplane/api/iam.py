@@ -2,6 +2,7 @@
 
 from controlplane.api.method import Method, Write, write
 from controlplane.services import iam
+from controlplane.services.access import Access
 from shared import schemas as s
 
 METHODS = (
@@ -11,15 +12,19 @@ METHODS = (
         s.TenantView,
         write(iam.create_tenant),
         "Create a tenant (root only).",
+        Access("iam:tenants:create", "fleet"),
     ),
     Method(
         "/api/iam/tenants/delete",
         s.TenantsDelete,
         s.TenantDeleted,
         Write(
-            lambda rt, principal, body: iam.delete_tenant(rt.db, principal, body, rt.credentials)
+            lambda store, rt, principal, body: iam.delete_tenant(
+                store, principal, body, rt.credentials
+            )
         ),
         "Delete a tenant: archive its pools, withdraw offers to it, revoke its credentials (T1).",
+        Access("iam:tenants:delete", "fleet"),
     ),
     Method(
         "/api/iam/credentials/create",
@@ -27,16 +32,18 @@ METHODS = (
         s.CredentialCreated,
         write(iam.create_credential),
         "Create a credential; its token is shown once and stored only as a hash.",
+        Access("iam:credentials:create", "tenant"),
     ),
     Method(
         "/api/iam/credentials/revoke",
         s.CredentialsRevoke,
         s.CredentialRevoked,
         Write(
-            lambda rt, principal, body: iam.revoke_credential(
-                rt.db, principal, body, rt.credentials
+            lambda store, rt, principal, body: iam.revoke_credential(
+                store, principal, body, rt.credentials
             )
         ),
         "Revoke a credential.",
+        Access("iam:credentials:revoke", "tenant"),
     ),
 )

@@ -11,6 +11,7 @@ from aiohttp import web
 from controlplane.config import MAX_BODY_BYTES
 from controlplane.iam.decide import Principal
 from controlplane.runtime import Runtime
+from controlplane.services.access import Access
 from controlplane.storage.db import Store
 from shared.errors import InvalidInput, PayloadTooLarge
 from shared.validation import field_of
@@ -30,9 +31,10 @@ class Read:
 
 @dataclass(frozen=True)
 class Write:
-    """A mutation: its service runs one transaction on the store's writer thread."""
+    """A mutation: its service runs one transaction on the store's writer thread; the store
+    it is given runs the method's IAM decision at the start of that transaction."""
 
-    fn: Callable[[Runtime, Caller, Any], Awaitable[msgspec.Struct]]
+    fn: Callable[[Store, Runtime, Caller, Any], Awaitable[msgspec.Struct]]
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,11 @@ class Method:
     answer: type[msgspec.Struct]
     call: Read | Write
     summary: str
-    auth: Auth = "credential"
+    access: Access  # the IAM decision, made before the service runs: no method without one
+
+    @property
+    def auth(self) -> Auth:
+        return self.access.auth
 
     @property
     def operation_id(self) -> str:
@@ -58,7 +64,7 @@ def read(fn: Callable[[sqlite_utils.Database, Principal, Any], msgspec.Struct]) 
 
 def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> Write:
     """A mutation service ``fn(store, principal, body)``."""
-    return Write(lambda runtime, principal, body: fn(runtime.db, principal, body))
+    return Write(lambda store, _, principal, body: fn(store, principal, body))
 
 
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:

@@ -2,6 +2,7 @@
 
 from controlplane.api.method import Method, Read, Write, write
 from controlplane.services import nodes
+from controlplane.services.access import Access
 from shared import schemas as s
 
 METHODS = (
@@ -11,24 +12,23 @@ METHODS = (
         s.JoinTokenCreated,
         write(nodes.create_join_token),
         "A pool-scoped, expiring, limited-use join token (owner only); shown once.",
+        Access("compute:nodes:join", "owned-pool"),
     ),
     Method(
         "/api/compute/nodes/join",
         s.NodesJoin,
         s.NodeJoined,
-        Write(lambda runtime, _, body: nodes.join_node(runtime.db, body)),
+        Write(lambda store, _rt, _caller, body: nodes.join_node(store, body)),
         "Join a pool with an attestor (join-token: the token in the body); answers the node credential once.",
-        auth="none",
+        Access("compute:nodes:join", "attestor"),
     ),
     Method(
         "/api/compute/nodes/report",
         s.NodesReport,
         s.Reported,
-        Write(
-            lambda runtime, node, body: nodes.report_node(runtime.db, runtime.liveness, node, body)
-        ),
+        Write(lambda store, rt, node, body: nodes.report_node(store, rt.liveness, node, body)),
         "A node reports its inventory (node credential); an unchanged one writes nothing.",
-        auth="node",
+        Access("compute:nodes:report", "own-node"),
     ),
     Method(
         "/api/compute/nodes/spec",
@@ -36,7 +36,7 @@ METHODS = (
         s.NodeSpec,
         Read(lambda db, node, body, _: nodes.node_spec(db, node, body)),
         "The node's desired state (node credential).",
-        auth="node",
+        Access("compute:nodes:spec", "own-node"),
     ),
     Method(
         "/api/compute/nodes/list",
@@ -44,6 +44,7 @@ METHODS = (
         s.NodeList,
         Read(lambda db, principal, body, rt: nodes.list_nodes(db, principal, rt.liveness, body)),
         "A pool's nodes with their resource rows and GPU atoms (owner only).",
+        Access("compute:nodes:read", "owned-pool"),
     ),
     Method(
         "/api/compute/nodes/get",
@@ -51,5 +52,6 @@ METHODS = (
         s.NodeView,
         Read(lambda db, principal, body, rt: nodes.get_node(db, principal, rt.liveness, body)),
         "One node with its resource rows and GPU atoms (owner only).",
+        Access("compute:nodes:read", "node"),
     ),
 )

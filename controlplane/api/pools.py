@@ -8,6 +8,7 @@ import msgspec
 from controlplane.api.method import Method, Write, read, write
 from controlplane.iam.decide import Principal
 from controlplane.services import offers, pools
+from controlplane.services.access import Access
 from controlplane.storage.db import Store
 from shared import schemas as s
 
@@ -16,7 +17,7 @@ def with_attestors(
     fn: Callable[[Store, Principal, Any, frozenset[str]], Awaitable[msgspec.Struct]],
 ) -> Write:
     """A pool mutation that validates against the attestors the server registered (P8)."""
-    return Write(lambda rt, principal, body: fn(rt.db, principal, body, rt.config.attestors))
+    return Write(lambda store, rt, principal, body: fn(store, principal, body, rt.config.attestors))
 
 
 METHODS = (
@@ -26,6 +27,7 @@ METHODS = (
         s.PoolList,
         read(pools.list_pools),
         "Pools the tenant owns or is offered, each with owned, archived and its quota rows.",
+        Access("compute:pools:read", "tenant", items=True),
     ),
     Method(
         "/api/compute/pools/get",
@@ -33,6 +35,7 @@ METHODS = (
         s.PoolView,
         read(pools.get_pool),
         "One pool as the tenant sees it.",
+        Access("compute:pools:read", "pool"),
     ),
     Method(
         "/api/compute/pools/create",
@@ -40,6 +43,7 @@ METHODS = (
         s.PoolView,
         with_attestors(pools.create_pool),
         "Create a pool on a site the tenant owns; version 1, empty rollup.",
+        Access("compute:pools:create", "tenant", keyed="pool"),
     ),
     Method(
         "/api/compute/pools/capacity",
@@ -47,6 +51,7 @@ METHODS = (
         s.CapacityList,
         read(pools.pool_capacity),
         "One pool's rollup rows, one per resource.",
+        Access("compute:capacity:read", "pool"),
     ),
     Method(
         "/api/compute/pools/offer",
@@ -54,6 +59,7 @@ METHODS = (
         s.PoolView,
         write(offers.offer_pool),
         "Offer a pool to a tenant with a quota, or update the offer.",
+        Access("compute:pools:share", "owned-pool"),
     ),
     Method(
         "/api/compute/pools/unoffer",
@@ -61,6 +67,7 @@ METHODS = (
         s.Unoffered,
         write(offers.unoffer_pool),
         "Withdraw a pool's offer from a tenant.",
+        Access("compute:pools:share", "owned-pool"),
     ),
     Method(
         "/api/compute/pools/update",
@@ -68,6 +75,7 @@ METHODS = (
         s.PoolView,
         with_attestors(pools.update_pool),
         "Replace the policy, the GPU model, or both; version + 1.",
+        Access("compute:pools:manage", "owned-pool"),
     ),
     Method(
         "/api/compute/pools/archive",
@@ -75,5 +83,6 @@ METHODS = (
         s.PoolView,
         write(pools.archive_pool),
         "Retire a pool: remove every offer and stop new work.",
+        Access("compute:pools:manage", "owned-pool"),
     ),
 )

@@ -2,6 +2,7 @@
 
 from controlplane.api.method import Method, read, write
 from controlplane.services import events, offers, pools
+from controlplane.services.access import Access
 from shared import schemas as s
 
 METHODS = (
@@ -11,6 +12,7 @@ METHODS = (
         s.QuotaList,
         write(offers.set_quota),
         "Set a tenant's quota rows on a pool (owner acting).",
+        Access("compute:quotas:manage", "owned-pool"),
     ),
     Method(
         "/api/compute/quotas/list",
@@ -18,6 +20,7 @@ METHODS = (
         s.QuotaList,
         read(offers.list_quotas),
         "The caller tenant's quota rows.",
+        Access("compute:quotas:read", "tenant", items=True),
     ),
     Method(
         "/api/compute/capacity/byPool",
@@ -25,6 +28,7 @@ METHODS = (
         s.CapacityList,
         read(pools.pool_capacity),
         "A pool's capacity rollup; the same answer as pools/capacity.",
+        Access("compute:capacity:read", "pool"),
     ),
     Method(
         "/api/compute/events/list",
@@ -32,5 +36,6 @@ METHODS = (
         s.EventList,
         read(events.list_events),
         "Events after a cursor, oldest first.",
+        Access("compute:events:read", "tenant", items=True),
     ),
 )

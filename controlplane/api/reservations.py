@@ -2,6 +2,7 @@
 
 from controlplane.api.method import Method, read, write
 from controlplane.services import reservations
+from controlplane.services.access import Access
 from shared import schemas as s
 
 METHODS = (
@@ -11,6 +12,7 @@ METHODS = (
         s.ReservationView,
         write(reservations.create_reservation),
         "Ask a pool for atoms and rows: admitted against quota (and budget), placed when it fits.",
+        Access("compute:reservations:create", "pool", keyed="res"),
     ),
     Method(
         "/api/compute/reservations/get",
@@ -18,6 +20,7 @@ METHODS = (
         s.ReservationView,
         read(reservations.get_reservation),
         "One of the tenant's reservations.",
+        Access("compute:reservations:read", "reservation"),
     ),
     Method(
         "/api/compute/reservations/list",
@@ -25,6 +28,7 @@ METHODS = (
         s.ReservationList,
         read(reservations.list_reservations),
         "The tenant's reservations, by pool and state.",
+        Access("compute:reservations:read", "tenant", items=True),
     ),
     Method(
         "/api/compute/reservations/end",
@@ -32,6 +36,7 @@ METHODS = (
         s.ReservationView,
         write(reservations.end_reservation),
         "End a reservation: its bookings and quota go back.",
+        Access("compute:reservations:manage", "reservation"),
     ),
     Method(
         "/api/compute/budgets/set",
@@ -39,6 +44,7 @@ METHODS = (
         s.BudgetView,
         write(reservations.set_budget),
         "Set a tenant's GPU-hour budget on a meter such as gpu.h100.hours (root only).",
+        Access("compute:budgets:set", "fleet"),
     ),
     Method(
         "/api/compute/budgets/get",
@@ -46,5 +52,6 @@ METHODS = (
         s.BudgetView,
         read(reservations.get_budget),
         "A tenant's budget and what it has spent.",
+        Access("compute:budgets:read", "tenant"),
     ),
 )

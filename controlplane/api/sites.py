@@ -2,6 +2,7 @@
 
 from controlplane.api.method import Method, read, write
 from controlplane.services import sites
+from controlplane.services.access import Access
 from shared import schemas as s
 
 METHODS = (
@@ -11,6 +12,7 @@ METHODS = (
         s.SiteView,
         write(sites.create_site),
         "Create a site; only root creates shared and dedicated sites.",
+        Access("compute:sites:create", "tenant"),
     ),
     Method(
         "/api/compute/sites/list",
@@ -18,5 +20,6 @@ METHODS = (
         s.SiteList,
         read(sites.list_sites),
         "The tenant's sites.",
+        Access("compute:sites:read", "tenant"),
     ),
 )

@@ -1,13 +1,19 @@
-"""Access checks every service shares: acting for a tenant, and seeing or managing a pool."""
+"""Access checks: acting for a tenant, seeing or managing a pool, and the decision every
+method of the table declares (``Access``) and makes before its service runs (R1)."""
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import sqlite_utils
+from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
 from controlplane.storage import iam as iam_sql
+from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
 from shared.errors import NotFound, PermissionDenied
+from shared.ids import derived_id
 
 
 def act_for(db: sqlite_utils.Database, principal: Principal, tenant_id: str, action: str) -> None:
@@ -22,12 +28,6 @@ def act_for(db: sqlite_utils.Database, principal: Principal, tenant_id: str, act
         raise PermissionDenied("this credential may not act for that tenant", field="tenantId")
     if iam_sql.get_tenant(db, tenant_id) is None:
         raise NotFound("tenant not found", field="tenantId")
-
-
-def require(principal: Principal, action: str, resource: str, **attrs: Any) -> None:
-    """A tenant-level decision; a refusal is PERMISSION_DENIED since nothing is hidden."""
-    if not decide(principal, action, resource, attrs or None):
-        raise PermissionDenied(f"{action} is not allowed on {resource}", action=action)
 
 
 def authz_attrs(pool: dict[str, Any]) -> dict[str, Any]:
@@ -72,3 +72,148 @@ def owned_pool(
             raise PermissionDenied(f"{action} is not allowed on this pool", action=action)
         raise pool_not_found()
     return pool
+
+
+# --- the method table's decision (R1) -------------------------------------------
+
+# Where a method's resource is found in its body, and so what its action is decided on.
+Scope = Literal[
+    "fleet",  # the whole fleet: root's credentials only (compute-fleet)
+    "tenant",  # the tenant named by tenantId (compute-tenant)
+    "pool",  # the pool poolId, visible to tenantId (compute-pool; NOT_FOUND when not)
+    "owned-pool",  # the pool poolId, owned by tenantId (compute-pool; NOT_FOUND to anyone else)
+    "reservation",  # the reservation reservationId of tenantId, decided on its pool (compute-pool)
+    "node",  # the node nodeId, decided on its pool, owner only (compute-pool)
+    "own-node",  # a node credential, for its own nodeId only
+    "attestor",  # no credential: the join attestor named in the body decides (nodes/join)
+]
+RESOURCE_OF_SCOPE: dict[Scope, str] = {
+    "fleet": "compute-fleet",
+    "tenant": "compute-tenant",
+    "pool": "compute-pool",
+    "owned-pool": "compute-pool",
+    "reservation": "compute-pool",
+    "node": "compute-pool",
+    "own-node": "the calling node",
+    "attestor": "the join attestor",
+}
+
+
+@dataclass(frozen=True)
+class Access:
+    """The IAM decision a method makes before its service runs: an action on the resource
+    its body names. Every method in the table declares one, so none can skip it (R1).
+
+    ``items``: a list, whose every item is decided again on its own pool (L1, R1).
+    ``keyed``: an idempotent create; a retry whose key already made an object is decided
+    as a read of that object, not as a second create (P4).
+    """
+
+    action: str
+    on: Scope
+    items: bool = False
+    keyed: Literal["pool", "res"] | None = None
+
+    @property
+    def auth(self) -> Literal["credential", "node", "none"]:
+        """The kind of credential the method takes."""
+        return {"own-node": "node", "attestor": "none"}.get(self.on, "credential")  # type: ignore[return-value]
+
+    def describe(self) -> str:
+        """The decision in the seed's notation: ``compute:pools:read @ compute-pool``."""
+        if self.on == "attestor":
+            return "no credential: the join attestor decides"
+        if self.on == "own-node":
+            return "node credential, its own node only"
+        text = f"{self.action} @ {RESOURCE_OF_SCOPE[self.on]}"
+        if self.on == "fleet":
+            text += " (root only)"
+        elif self.on == "owned-pool" or self.on == "node":
+            text += " (owner only)"
+        return text + (" + items" if self.items else "")
+
+
+def authorize(db: sqlite_utils.Database, caller: Any, access: Access, body: Any) -> None:
+    """The method's decision, in the transaction or snapshot its service runs in.
+
+    PERMISSION_DENIED when the credential may not act at that level at all; NOT_FOUND for
+    anything inside a tenant the caller may not see (DESIGN §3).
+    """
+    action = access.action
+    if access.on == "attestor":
+        return
+    if access.on == "own-node":
+        if caller["id"] != body.node_id:
+            raise NotFound("node not found", field="nodeId")
+        return
+    principal: Principal = caller
+    if access.on == "fleet":
+        if not principal.is_root or not decide(principal, action, "compute-fleet"):
+            raise PermissionDenied(f"{action} is for the root tenant's credentials", action=action)
+        return
+    act_for(db, principal, body.tenant_id, action)
+    if access.keyed is not None and body.idempotency_key is not UNSET:
+        keyed_id = derived_id(
+            access.keyed, body.tenant_id, principal.tenant_id, body.idempotency_key
+        )
+        if access.keyed == "pool":
+            stored = pool_sql.pool_for_tenant(db, body.tenant_id, keyed_id)
+            if stored is not None:
+                # A retry may see the pool only as a read would: never reveal it otherwise.
+                if not decide(principal, "compute:pools:read", "compute-pool", authz_attrs(stored)):
+                    raise NotFound("pool not found", field="idempotencyKey")
+                return
+        else:
+            reservation = res_sql.get(db, keyed_id)
+            if reservation is not None:
+                _reservation_pool(db, principal, reservation, "compute:reservations:read")
+                return
+    if access.on == "tenant":
+        require_on_tenant(principal, action)
+    elif access.on == "pool":
+        visible_pool(db, principal, body.tenant_id, body.pool_id, action)
+    elif access.on == "owned-pool":
+        owned_pool(db, principal, body.tenant_id, body.pool_id, action)
+    elif access.on == "reservation":
+        reservation = res_sql.get(db, body.reservation_id)
+        if reservation is None or reservation["tenant_id"] != body.tenant_id:
+            raise NotFound("reservation not found", field="reservationId")
+        _reservation_pool(db, principal, reservation, action)
+    elif access.on == "node":
+        node = node_sql.get_node(db, body.node_id)
+        if node is None:
+            raise NotFound("node not found", field="nodeId")
+        try:
+            owned_pool(db, principal, body.tenant_id, node["pool_id"], action)
+        except NotFound:
+            raise NotFound("node not found", field="nodeId") from None
+
+
+def require_on_tenant(principal: Principal, action: str) -> None:
+    """A tenant-level decision: on the tenant, or for root on the fleet (the seed's
+    ``@ compute-fleet or @ compute-tenant``); a refusal is PERMISSION_DENIED."""
+    if decide(principal, action, "compute-tenant"):
+        return
+    if principal.is_root and decide(principal, action, "compute-fleet"):
+        return
+    raise PermissionDenied(f"{action} is not allowed on this tenant", action=action)
+
+
+def _reservation_pool(
+    db: sqlite_utils.Database, principal: Principal, reservation: dict[str, Any], action: str
+) -> None:
+    """A reservation is decided on its pool as the pool is now, also once the tenant's offer
+    is gone (it may still read and end what it holds there); NOT_FOUND when refused."""
+    attrs = pool_sql.attrs_for(db, reservation["tenant_id"], [reservation["pool_id"]])
+    if not decide(principal, action, "compute-pool", attrs.get(reservation["pool_id"])):
+        raise NotFound("reservation not found", field="reservationId")
+
+
+def readable_pools(
+    db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_ids: set[str], action: str
+) -> set[str]:
+    """The pools among ``pool_ids`` on which ``action`` is allowed: a list's per-item decision."""
+    if principal.is_admin:
+        return pool_ids
+    attrs = pool_sql.attrs_for(db, tenant_id, pool_ids)
+    return {p for p in pool_ids if decide(principal, action, "compute-pool", attrs.get(p))}

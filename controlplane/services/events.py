@@ -5,14 +5,12 @@ import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.decide import Principal
-from controlplane.services.access import act_for, require
+from controlplane.services.access import readable_pools
 from controlplane.storage import events
 from shared.schemas import EventList, EventsList, EventView
 
 
 def list_events(db: sqlite_utils.Database, principal: Principal, req: EventsList) -> EventList:
-    act_for(db, principal, req.tenant_id, "compute:events:read")
-    require(principal, "compute:events:read", "compute-tenant")
     fleet = principal.is_root and req.tenant_id == principal.tenant_id
     rows = events.list_events(
         db,
@@ -21,6 +19,9 @@ def list_events(db: sqlite_utils.Database, principal: Principal, req: EventsList
         limit=req.limit,
         types=None if req.types is UNSET else req.types,
     )
+    # R1: events of a pool only where the credential may read that pool's events.
+    pools = {row["pool_id"] for row in rows if row["pool_id"] is not None}
+    allowed = readable_pools(db, principal, req.tenant_id, pools, "compute:events:read")
     items = [
         EventView(
             seq=row["seq"],
@@ -31,5 +32,7 @@ def list_events(db: sqlite_utils.Database, principal: Principal, req: EventsList
             data=msgspec.json.decode(row["data"]),
         )
         for row in rows
+        if row["pool_id"] is None or row["pool_id"] in allowed
     ]
-    return EventList(items=items, next=items[-1].seq if items else req.after)
+    # The cursor moves past what was read, shown or not, so paging never stalls.
+    return EventList(items=items, next=rows[-1]["seq"] if rows else req.after)

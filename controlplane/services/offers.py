@@ -5,7 +5,7 @@ import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
-from controlplane.services.access import act_for, authz_attrs, owned_pool, require
+from controlplane.services.access import authz_attrs, owned_pool
 from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
@@ -58,7 +58,6 @@ def _check_offer_rules(
 
 async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> PoolView:
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id, "compute:pools:share")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -116,7 +115,6 @@ def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: s
 
 async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) -> Unoffered:
     def txn(db: sqlite_utils.Database) -> Unoffered:
-        act_for(db, principal, req.tenant_id, "compute:pools:share")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
         if req.to_tenant_id == pool["owner_tenant_id"]:
             raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
@@ -129,7 +127,6 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
     """The owner sets a tenant's quota rows; quota.updated when a row changes (E1)."""
 
     def txn(db: sqlite_utils.Database) -> QuotaList:
-        act_for(db, principal, req.tenant_id, "compute:quotas:manage")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -159,8 +156,6 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
 
 def list_quotas(db: sqlite_utils.Database, principal: Principal, req: QuotasList) -> QuotaList:
     """The caller tenant's own rows, on pools it can still see."""
-    act_for(db, principal, req.tenant_id, "compute:quotas:read")
-    require(principal, "compute:quotas:read", "compute-tenant")
     visible = {
         pool["id"]
         for pool in pool_sql.visible_pools(db, req.tenant_id)

@@ -11,14 +11,14 @@ import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
-from controlplane.services.access import act_for, authz_attrs, owned_pool, visible_pool
+from controlplane.services.access import authz_attrs, owned_pool, visible_pool
 from controlplane.services.views import pool_view
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
-from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, PermissionDenied
+from shared.errors import Conflict, InvalidInput, InvalidState, NotFound
 from shared.ids import derived_id, new_id
 from shared.policy import POOL_POLICY_VALIDATORS, validate_policy
 from shared.schemas import (
@@ -66,13 +66,6 @@ def check_policy(
     )
 
 
-def _may_create(principal: Principal) -> bool:
-    """compute:pools:create @ compute-tenant, or @ compute-fleet for root (P2)."""
-    if decide(principal, "compute:pools:create", "compute-tenant"):
-        return True
-    return principal.is_root and decide(principal, "compute:pools:create", "compute-fleet")
-
-
 def _creation_fields(req: PoolsCreate) -> dict[str, Any]:
     """P1, P5: the defaults and the provider-class rules, before anything is read."""
     agent = req.agent
@@ -105,7 +98,7 @@ async def create_pool(
     gpu_model = None if req.gpu_model is UNSET else req.gpu_model
 
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id, "compute:pools:create")
+        # The method's decision (R1) ran first: compute:pools:create, or a read of the keyed pool.
         if req.idempotency_key is UNSET:
             pool_id = new_id("pool")
         else:
@@ -113,9 +106,6 @@ async def create_pool(
             pool_id = derived_id("pool", req.tenant_id, principal.tenant_id, req.idempotency_key)
             stored = pool_sql.pool_for_tenant(db, req.tenant_id, pool_id)
             if stored is not None:
-                # A retry may see the pool only as a read would: never reveal it otherwise.
-                if not decide(principal, "compute:pools:read", "compute-pool", authz_attrs(stored)):
-                    raise NotFound("pool not found", field="idempotencyKey")
                 for column, name in IDEMPOTENT_FIELDS.items():
                     if stored[column] != fields[column]:
                         raise Conflict(
@@ -124,8 +114,6 @@ async def create_pool(
                             differs=name,
                         )
                 return pool_view(db, stored, req.tenant_id)
-        if not _may_create(principal):
-            raise PermissionDenied("compute:pools:create is not allowed on this tenant")
         site = site_sql.get_site(db, req.site_id)
         if site is None or site["owner_tenant_id"] != req.tenant_id:
             raise NotFound("site not found", field="siteId")
@@ -173,16 +161,12 @@ async def create_pool(
 
 
 def get_pool(db: sqlite_utils.Database, principal: Principal, req: PoolsGet) -> PoolView:
-    act_for(db, principal, req.tenant_id, "compute:pools:read")
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:read")
     return pool_view(db, pool, req.tenant_id)
 
 
 def list_pools(db: sqlite_utils.Database, principal: Principal, req: PoolsList) -> PoolList:
     """L1: owned or offered pools, each decided as compute:pools:read on the pool."""
-    act_for(db, principal, req.tenant_id, "compute:pools:read")
-    if not decide(principal, "compute:pools:read", "compute-tenant"):
-        raise PermissionDenied("compute:pools:read is not allowed on this tenant")
     pools = [
         pool
         for pool in pool_sql.visible_pools(db, req.tenant_id)
@@ -198,7 +182,6 @@ def pool_capacity(
     db: sqlite_utils.Database, principal: Principal, req: PoolsCapacity
 ) -> CapacityList:
     """L3: one rollup row per resource; the same answer as capacity/byPool."""
-    act_for(db, principal, req.tenant_id, "compute:capacity:read")
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
     return CapacityList(
         items=[
@@ -231,7 +214,6 @@ async def update_pool(
         raise InvalidInput("give policy, gpuModel or both", field="policy")
 
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id, "compute:pools:manage")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -312,7 +294,6 @@ def archive_in_txn(
 
 async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) -> PoolView:
     def txn(db: sqlite_utils.Database) -> PoolView:
-        act_for(db, principal, req.tenant_id, "compute:pools:manage")
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
         if pool["archived_at"] is not None:  # A2: archiving again returns it unchanged
             return pool_view(db, pool, req.tenant_id)

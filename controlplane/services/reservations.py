@@ -18,13 +18,13 @@ import msgspec
 import sqlite_utils
 from msgspec import UNSET
 
-from controlplane.iam.decide import Principal, decide
-from controlplane.services.access import act_for, authz_attrs, pool_not_found, require
+from controlplane.iam.decide import Principal
+from controlplane.services.access import act_for, pool_not_found, readable_pools
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
-from shared.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from shared.errors import Conflict, InvalidInput, NotFound
 from shared.ids import derived_id, new_id
 from shared.mig import profiles_for
 from shared.schemas import (
@@ -298,7 +298,7 @@ async def create_reservation(
     mig_profile = None if req.mig_profile is UNSET else req.mig_profile
 
     def txn(db: sqlite_utils.Database) -> ReservationView:
-        act_for(db, principal, req.tenant_id, "compute:reservations:create")
+        # The method's decision (R1) ran first: create on the pool, or a read of the keyed one.
         if req.idempotency_key is UNSET:
             reservation_id = new_id("res")
         else:
@@ -319,13 +319,7 @@ async def create_reservation(
                 return view(stored)
         pool = pool_sql.pool_for_tenant(db, req.tenant_id, req.pool_id)
         # A1: an archived pool takes no new work; for everyone it is NOT_FOUND here.
-        if (
-            pool is None
-            or pool["archived_at"] is not None
-            or not decide(
-                principal, "compute:reservations:create", "compute-pool", authz_attrs(pool)
-            )
-        ):
+        if pool is None or pool["archived_at"] is not None:
             raise pool_not_found()
         check_request(pool, resources, mig_profile)
         policy = msgspec.json.decode(pool["policy"])
@@ -384,13 +378,9 @@ async def create_reservation(
 
 
 def _own_reservation(
-    db: sqlite_utils.Database,
-    principal: Principal,
-    tenant_id: str,
-    reservation_id: str,
-    action: str,
+    db: sqlite_utils.Database, tenant_id: str, reservation_id: str
 ) -> dict[str, Any]:
-    act_for(db, principal, tenant_id, action)
+    """The reservation the method's decision (R1) found; NOT_FOUND for anyone else's."""
     row = res_sql.get(db, reservation_id)
     if row is None or row["tenant_id"] != tenant_id:
         raise NotFound("reservation not found", field="reservationId")
@@ -400,25 +390,23 @@ def _own_reservation(
 def get_reservation(
     db: sqlite_utils.Database, principal: Principal, req: ReservationsGet
 ) -> ReservationView:
-    return view(
-        _own_reservation(
-            db, principal, req.tenant_id, req.reservation_id, "compute:reservations:read"
-        )
-    )
+    return view(_own_reservation(db, req.tenant_id, req.reservation_id))
 
 
 def list_reservations(
     db: sqlite_utils.Database, principal: Principal, req: ReservationsList
 ) -> ReservationList:
-    act_for(db, principal, req.tenant_id, "compute:reservations:read")
-    require(principal, "compute:reservations:read", "compute-tenant")
     found = res_sql.of_tenant(
         db,
         req.tenant_id,
         None if req.pool_id is UNSET else req.pool_id,
         None if req.states is UNSET else req.states,
     )
-    return ReservationList(items=[view(row) for row in found])
+    # R1: only reservations in pools the credential may read them in.
+    allowed = readable_pools(
+        db, principal, req.tenant_id, {row["pool_id"] for row in found}, "compute:reservations:read"
+    )
+    return ReservationList(items=[view(row) for row in found if row["pool_id"] in allowed])
 
 
 async def end_reservation(
@@ -427,9 +415,7 @@ async def end_reservation(
     """End a live reservation (its bookings and quota go back); ending an ended one returns it."""
 
     def txn(db: sqlite_utils.Database) -> ReservationView:
-        row = _own_reservation(
-            db, principal, req.tenant_id, req.reservation_id, "compute:reservations:end"
-        )
+        row = _own_reservation(db, req.tenant_id, req.reservation_id)
         if row["state"] not in res_sql.LIVE:
             return view(row)
         return view(finish(db, row, "ended", None, "ended by the tenant"))
@@ -446,9 +432,6 @@ def end_all_of_tenant(db: sqlite_utils.Database, tenant_id: str) -> int:
 
 
 async def set_budget(store: Store, principal: Principal, req: BudgetsSet) -> BudgetView:
-    if not principal.is_root or not decide(principal, "compute:budgets:set", "compute-fleet"):
-        raise PermissionDenied("budgets are set by the root tenant")
-
     def txn(db: sqlite_utils.Database) -> BudgetView:
         act_for(db, principal, req.tenant_id, "compute:budgets:set")
         res_sql.put_budget(db, req.tenant_id, req.meter, req.limit, now())
@@ -461,7 +444,6 @@ async def set_budget(store: Store, principal: Principal, req: BudgetsSet) -> Bud
 
 
 def get_budget(db: sqlite_utils.Database, principal: Principal, req: BudgetsGet) -> BudgetView:
-    act_for(db, principal, req.tenant_id, "compute:budgets:read")
     stored = res_sql.budget(db, req.tenant_id, req.meter)
     spent = spent_hours(db, req.tenant_id, req.meter, time.time())
     limit = stored["limit_hours"] if stored else None

@@ -7,6 +7,7 @@ lets run beside the writer.
 """
 
 import asyncio
+import copy
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -52,6 +53,14 @@ class Store:
         migrate(self._writer_db)
         self.reader = connect(path)
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        self._gate: Callable[[sqlite_utils.Database], None] | None = None
+
+    def gated(self, gate: Callable[[sqlite_utils.Database], None]) -> "Store":
+        """This store as one API method uses it: each of its transactions first runs ``gate``
+        (the method's IAM decision, R1), so the decision and the change see one state."""
+        view = copy.copy(self)  # the same connections and writer thread
+        view._gate = gate
+        return view
 
     @contextmanager
     def snapshot(self) -> Iterator[sqlite_utils.Database]:
@@ -67,6 +76,8 @@ class Store:
         db = self._writer_db
         db.execute("BEGIN IMMEDIATE")
         try:
+            if self._gate is not None:
+                self._gate(db)
             result = fn(db)
         except BaseException:
             db.execute("ROLLBACK")

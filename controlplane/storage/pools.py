@@ -70,6 +70,32 @@ def visible_pools(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, A
     return rows(db, _WITH_AUTHZ + " ORDER BY p.id", [tenant_id])
 
 
+def attrs_for(
+    db: sqlite_utils.Database, tenant_id: str, pool_ids: Iterable[str]
+) -> dict[str, dict[str, Any]]:
+    """The authz attributes of pools as they are now, for ``tenant_id``, whether or not the
+    tenant still has an authz row (its reservations and events outlive an offer)."""
+    ids = list(pool_ids)
+    if not ids:
+        return {}
+    found = rows(
+        db,
+        "SELECT p.id, p.gpu_model, p.class, p.sharing, s.region, p.owner_tenant_id = ? AS owned "
+        f"FROM pools p JOIN sites s ON s.id = p.site_id WHERE p.id IN ({', '.join('?' * len(ids))})",
+        [tenant_id, *ids],
+    )
+    return {
+        row["id"]: {
+            "gpuModel": row["gpu_model"],
+            "class": row["class"],
+            "sharing": row["sharing"],
+            "region": row["region"],
+            "owned": bool(row["owned"]),
+        }
+        for row in found
+    }
+
+
 def put_authz(
     db: sqlite_utils.Database, tenant_id: str, pool: Mapping[str, Any], region: str
 ) -> None:
