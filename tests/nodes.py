@@ -18,6 +18,15 @@ def recorded(host: str) -> Inventory:
     return collect_inventory(fixture=FIXTURES, fixture_host=host)
 
 
+def twin(host: str, n: int) -> Inventory:
+    """Another machine like a recorded host: its own machine id, hostname and GPU UUIDs."""
+    base = recorded(host)
+    gpus = [msgspec.structs.replace(g, uuid=f"{g.uuid[:-2]}{n:02d}") for g in base.gpus]
+    return msgspec.structs.replace(
+        base, machine_id=f"m{n:02d}", hostname=f"{base.hostname}-{n:02d}", gpus=gpus
+    )
+
+
 def wire(inventory: Inventory) -> Any:
     return msgspec.to_builtins(inventory)
 

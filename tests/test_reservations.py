@@ -5,13 +5,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.reconciler import reconcile_pass
 from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
-from tests.nodes import DGX_POLICY, joined, pool_with_token, recorded
+from tests.nodes import DGX_POLICY, joined, pool_with_token, recorded, twin
 
 
 def one_pass(db: Path) -> None:
@@ -424,14 +422,8 @@ async def test_a_lost_nodes_bookings_are_marked_not_freed(api: Api, db: Path) ->
 async def test_the_placer_looks_past_its_first_candidates(api: Api, db: Path) -> None:
     """First fit pages through the whole pool: a node far down the list is found when the first are full."""
     pool, token = await pool_with_token(api, max_uses=40, ownerQuota={"vcpu": 10_000})
-    dgx = recorded("dgx-h100-01")
     for n in range(36):
-        gpus = [msgspec.structs.replace(g, uuid=f"{g.uuid[:-2]}{n:02d}") for g in dgx.gpus]
-        await joined(
-            api,
-            token,
-            msgspec.structs.replace(dgx, machine_id=f"m{n:02d}", hostname=f"h{n:02d}", gpus=gpus),
-        )
+        await joined(api, token, twin("dgx-h100-01", n))
     last = execute(db, "SELECT id FROM nodes ORDER BY id DESC LIMIT 1")[0][0]
     execute(
         db,
