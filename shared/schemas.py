@@ -126,8 +126,15 @@ class PoolsCapacity(PoolScoped):
     pass
 
 
+# R3: a pool mutation may name the pool's version as last read; a stale one is CONFLICT.
+PoolVersion = Annotated[
+    int,
+    Meta(ge=1, le=2**63 - 1, description="The pool's version as last read (R3); stale: CONFLICT."),
+]
+
+
 class PoolsArchive(PoolScoped):
-    pass
+    version: PoolVersion | UnsetType = UNSET
 
 
 class PoolsCreate(TenantScoped):
@@ -147,15 +154,18 @@ class PoolsOffer(PoolScoped):
     quota: Quota
     include_descendants: bool = False
     priority: Priority = 0
+    version: PoolVersion | UnsetType = UNSET
 
 
 class PoolsUnoffer(PoolScoped):
     to_tenant_id: TenantId
+    version: PoolVersion | UnsetType = UNSET
 
 
 class PoolsUpdate(PoolScoped):
     policy: dict[str, Any] | UnsetType = UNSET
     gpu_model: GpuModel | UnsetType = UNSET
+    version: PoolVersion | UnsetType = UNSET
 
 
 # --- quotas, capacity, events ----------------------------------------------
@@ -164,6 +174,7 @@ class PoolsUpdate(PoolScoped):
 class QuotasSet(PoolScoped):
     for_tenant_id: TenantId
     quota: Quota
+    version: PoolVersion | UnsetType = UNSET
 
 
 class QuotasList(TenantScoped):

@@ -5,14 +5,14 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import sqlite_utils
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from controlplane.iam.decide import Principal, decide
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
-from shared.errors import NotFound, PermissionDenied
+from shared.errors import Conflict, NotFound, PermissionDenied
 from shared.ids import derived_id
 
 
@@ -56,12 +56,19 @@ def visible_pool(
 
 
 def owned_pool(
-    db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_id: str, action: str
+    db: sqlite_utils.Database,
+    principal: Principal,
+    tenant_id: str,
+    pool_id: str,
+    action: str,
+    version: int | UnsetType = UNSET,
 ) -> dict[str, Any]:
     """A pool ``tenant_id`` owns, for an owner-only action: anyone else gets NOT_FOUND (O1, U1, A1).
 
     An owner whose credential may see the pool but not take the action gets
-    PERMISSION_DENIED: the pool's existence is no secret to it.
+    PERMISSION_DENIED: the pool's existence is no secret to it. A ``version`` the caller
+    last read that is no longer the pool's is CONFLICT (R3), checked in the mutation's
+    own transaction.
     """
     pool = pool_sql.pool_for_tenant(db, tenant_id, pool_id)
     if pool is None or not pool["authz_owned"]:
@@ -71,6 +78,12 @@ def owned_pool(
         if decide(principal, "compute:pools:read", "compute-pool", attrs):
             raise PermissionDenied(f"{action} is not allowed on this pool", action=action)
         raise pool_not_found()
+    if version is not UNSET and version != pool["version"]:
+        raise Conflict(
+            f"stale version: the pool is at version {pool['version']}, not {version}",
+            field="version",
+            current=pool["version"],
+        )
     return pool
 
 

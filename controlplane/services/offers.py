@@ -58,7 +58,9 @@ def _check_offer_rules(
 
 async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> PoolView:
     def txn(db: sqlite_utils.Database) -> PoolView:
-        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
+        pool = owned_pool(
+            db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
+        )
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
         at = now()
@@ -115,7 +117,9 @@ def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: s
 
 async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) -> Unoffered:
     def txn(db: sqlite_utils.Database) -> Unoffered:
-        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:share")
+        pool = owned_pool(
+            db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
+        )
         if req.to_tenant_id == pool["owner_tenant_id"]:
             raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
         return Unoffered(removed=withdraw_offer(db, pool, req.to_tenant_id))
@@ -127,7 +131,9 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
     """The owner sets a tenant's quota rows; quota.updated when a row changes (E1)."""
 
     def txn(db: sqlite_utils.Database) -> QuotaList:
-        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage")
+        pool = owned_pool(
+            db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage", req.version
+        )
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
         target = req.for_tenant_id

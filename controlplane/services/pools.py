@@ -214,7 +214,9 @@ async def update_pool(
         raise InvalidInput("give policy, gpuModel or both", field="policy")
 
     def txn(db: sqlite_utils.Database) -> PoolView:
-        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
+        pool = owned_pool(
+            db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
+        )
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
         old_policy = msgspec.json.decode(pool["policy"])
@@ -294,7 +296,9 @@ def archive_in_txn(
 
 async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) -> PoolView:
     def txn(db: sqlite_utils.Database) -> PoolView:
-        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:manage")
+        pool = owned_pool(
+            db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
+        )
         if pool["archived_at"] is not None:  # A2: archiving again returns it unchanged
             return pool_view(db, pool, req.tenant_id)
         archive_in_txn(db, pool)
