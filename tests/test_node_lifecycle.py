@@ -198,12 +198,19 @@ async def test_a_live_nodes_stamp_is_written_only_once_it_grows_old(api: Api, db
     assert execute(db, "SELECT state FROM nodes") == [("ready",)]
 
 
-async def test_a_report_updates_the_hostname(api: Api) -> None:
-    """A renamed host shows its new hostname."""
+async def test_r4_a_report_never_rewrites_the_hostname_join_set(api: Api, db: Path) -> None:
+    """R4: one writer per field: the hostname is join's (validated there); a report carrying
+    another, even one join would refuse, is taken for its inventory but leaves the hostname."""
     _, token = await pool_with_token(api)
     node = await joined(api, token, recorded("dgx-h100-01"))
-    await report(api, node, replace(recorded("dgx-h100-01"), hostname="dgx-renamed"))
-    assert (await node_view(api, node))["hostname"] == "dgx-renamed"
+    dgx = recorded("dgx-h100-01")
+    changed = replace(dgx, hostname="not a hostname!!", memory_total_bytes=2**40)
+    status, _ = await report(api, node, changed)
+    assert status == 200
+    view = await node_view(api, node)
+    assert view["hostname"] == "dgx-h100-01"
+    assert view["inventory"]["memoryTotalBytes"] == 2**40  # the report itself was taken
+    assert execute(db, "SELECT hostname FROM nodes") == [("dgx-h100-01",)]
 
 
 async def test_a_node_credential_cannot_reach_another_real_node(api: Api) -> None:

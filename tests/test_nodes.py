@@ -107,9 +107,7 @@ async def test_join_tokens_are_pool_scoped_expiring_and_limited(api: Api, db: Pa
     assert token.startswith("bcj_")
     assert token.encode() not in db.read_bytes() + Path(f"{db}-wal").read_bytes()
     await joined(api, token, recorded("dgx-h100-01"))
-    # The same host joining again (a lost answer, a lost credential) spends no use...
-    assert (await joined(api, token, recorded("dgx-h100-01")))["rejoined"] is True
-    # ...but a second host finds the token used up.
+    # A second host finds the token used up.
     other = msgspec.structs.replace(recorded("dgx-h100-01"), machine_id="another-host", gpus=[])
     status, answer = await join(api, token, other)
     assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED")
@@ -368,3 +366,23 @@ async def test_nodes_are_visible_to_the_pool_owner_only(api: Api, db: Path) -> N
         stranger,
     )
     assert snapshot(db)["pools"]
+
+
+async def test_r8_a_rejoin_spends_a_use_and_a_used_up_token_joins_nothing(
+    api: Api, db: Path
+) -> None:
+    """R8: a used-up (unexpired) token plus a host's machine id and GPU UUIDs cannot re-join as
+    that node and cut its agent off; with a use left, a re-join spends it like a first join."""
+    _, token = await pool_with_token(api, max_uses=2)
+    first = await joined(api, token, recorded("dgx-h100-01"))
+    again = await joined(api, token, recorded("dgx-h100-01"))
+    assert again["rejoined"] is True and again["nodeId"] == first["nodeId"]
+    assert execute(db, "SELECT uses, max_uses FROM join_tokens") == [(2, 2)]
+    before = node_snapshot(db)
+    status, answer = await join(api, token, recorded("dgx-h100-01"))
+    assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED")
+    assert "used up" in answer["error"]["message"]
+    assert node_snapshot(db) == before
+    # The agent holding the last credential minted keeps reporting.
+    status, _ = await report(api, again, recorded("dgx-h100-01"))
+    assert status == 200

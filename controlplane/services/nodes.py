@@ -63,10 +63,13 @@ Attestor = Callable[[sqlite_utils.Database, NodesJoin], dict[str, Any]]
 
 
 def attest_join_token(db: sqlite_utils.Database, req: NodesJoin) -> dict[str, Any]:
-    """The token's row if it exists and has not expired; its uses are counted by the join."""
+    """The token's row if it exists, has not expired and has a use left (R8); the join
+    spends the use."""
     token = node_sql.join_token(db, token_hash(req.join_token))
     if token is None or token["expires_at"] <= now():
         raise Unauthenticated("the join token is unknown or expired")
+    if token["uses"] >= token["max_uses"]:
+        raise Unauthenticated("the join token is used up")
     return token
 
 
@@ -147,10 +150,6 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
                     "give each host its own /etc/machine-id)",
                     field="inventory.machineId",
                 )
-        elif join_token["uses"] >= join_token["max_uses"]:
-            # Only a new node spends a use: a host joining again (a lost answer, a lost
-            # credential) is the same node and may use the token it joined with.
-            raise Unauthenticated("the join token is used up")
         check_family(pool, inventory)
         at = now()
         state, reason = admission(pool, policy, inventory)
@@ -163,8 +162,10 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
             "last_seen_at": at,
             "updated_at": at,
         }
+        # R8: a re-join mints a new node credential, so it spends a use like a first join:
+        # a used-up token plus a host's public identifiers cannot take over its node.
+        node_sql.use_join_token(db, join_token["id"])
         if existing is None:
-            node_sql.use_join_token(db, join_token["id"])
             node_id = new_id("node")
             site = site_sql.get_site(db, pool["site_id"])
             assert site is not None
@@ -230,7 +231,8 @@ async def report_node(
         if applied is not None:
             fields["applied"] = applied
         if digest != current["inventory_hash"]:
-            fields.update(_inventory_fields(inventory), hostname=inventory.hostname)
+            # R4: the hostname is join's (validated there); a report never rewrites it.
+            fields.update(_inventory_fields(inventory))
             fields["inventory_rev"] = current["inventory_rev"] + 1
         if current["state"] == LOST:
             # Back: ready for now; the reconcile below re-decides (acceptance, family, render).
