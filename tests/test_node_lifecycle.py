@@ -289,3 +289,50 @@ async def test_a_policy_update_moves_the_spec_version_even_when_no_unit_changes(
     one_pass(db)
     [after] = execute(db, "SELECT spec_version FROM nodes")
     assert after != before
+
+
+async def test_r5_a_pool_whose_policy_no_longer_parses_never_stops_the_pass(
+    api: Api, db: Path
+) -> None:
+    """R5: one pool's stored policy stops parsing; a pass quarantines that pool's node with the
+    reason, counts the failure, and still marks a silent node lost, recomputes other pools'
+    nodes and places their pending reservations."""
+    broken, broken_token = await pool_with_token(api)
+    healthy, healthy_token = await pool_with_token(api, gpuModel="H200")
+    sick = await joined(api, broken_token, recorded("dgx-h100-01"))
+    await joined(api, healthy_token, recorded("hgx-h200-01"))
+    silent_pool, silent_token = await pool_with_token(api, gpuModel="L40S")
+    await joined(api, silent_token, recorded("l40s-node-03"))
+    execute(
+        db,
+        "UPDATE pools SET policy = ?, version = version + 1 WHERE id = ?",
+        ('{"hugepages": "lots"}', broken),
+    )
+    execute(
+        db,
+        "UPDATE pools SET policy = ?, version = version + 1 WHERE id = ?",
+        ('{"hostReserve": {"vcpu": 100, "memoryGiB": 0}}', healthy),
+    )
+    execute(
+        db,
+        "UPDATE nodes SET last_seen_at = '2000-01-01T00:00:00.000Z' WHERE pool_id = ?",
+        (silent_pool,),
+    )
+    stats = one_pass(db)
+    assert stats.failures == 1 and stats.nodes_lost == 1
+    state, reason = execute(
+        db, "SELECT state, state_reason FROM nodes WHERE id = ?", (sick["nodeId"],)
+    )[0]
+    assert state == "quarantined" and reason.startswith("cannot be reconciled: policy")
+    assert execute(
+        db,
+        "SELECT r.capacity FROM node_resources r JOIN nodes n ON n.id = r.node_id "
+        "WHERE n.pool_id = ? AND r.resource = 'vcpu'",
+        (healthy,),
+    ) == [(recorded("hgx-h200-01").cpu.logical_cpus - 100,)]
+    quarantined = execute(db, "SELECT count(*) FROM events WHERE type = 'node.quarantined'")
+    assert one_pass(db).failures == 1, "retried each pass until the pool is fixed"
+    assert execute(db, "SELECT count(*) FROM events WHERE type = 'node.quarantined'") == quarantined
+    await api.ok("compute/pools/update", {"tenantId": "root", "poolId": broken, "policy": {}})
+    assert one_pass(db).failures == 0
+    assert execute(db, "SELECT state FROM nodes WHERE id = ?", (sick["nodeId"],)) == [("ready",)]

@@ -498,3 +498,23 @@ async def test_an_idempotent_retry_returns_the_reservation_even_after_an_archive
         "CONFLICT",
         "idempotencyKey",
     )
+
+
+async def test_r5_a_reservation_the_placer_cannot_handle_does_not_stop_the_others(
+    api: Api, db: Path
+) -> None:
+    """R5: a pending reservation whose stored row makes the placer raise is left pending and
+    counted; the pending one after it is still placed in the same pass."""
+    pool, token = await pool_with_token(api)
+    broken = await reserve(api, pool, {"gpu": 1})
+    waiting = await reserve(api, pool, {"gpu": 2})
+    execute(db, "UPDATE reservations SET resources = 'not json' WHERE id = ?", (broken["id"],))
+    await joined(api, token, recorded("dgx-h100-01"))
+    store = Store(db)
+    try:
+        stats = store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
+    finally:
+        store.close()
+    assert stats.failures == 1
+    states = dict(execute(db, "SELECT id, state FROM reservations"))
+    assert (states[broken["id"]], states[waiting["id"]]) == ("pending", "placed")

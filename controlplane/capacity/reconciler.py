@@ -20,9 +20,9 @@ import asyncio
 import functools
 import hashlib
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import sqlite_utils
@@ -35,13 +35,15 @@ from controlplane.services.admission import LOST, QUARANTINED, READY, admission
 from controlplane.services.reservations import activate, retry_pending
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
-from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage import reservations as res_sql
+from controlplane.storage.db import Store, now, savepoint, timestamp
 from shared.inventory import Inventory
 from shared.nodespec import NodeSpecUnits, RenderRefused
 from shared.policy import Policy, parse_policy
 from shared.render import render
 
 log = structlog.get_logger("controlplane.reconciler")
+T = TypeVar("T")
 
 
 @dataclass
@@ -51,6 +53,45 @@ class PassStats:
     nodes_lost: int = 0
     stamps_written: int = 0
     reservations_moved: int = 0
+    failures: int = 0  # nodes and reservations that could not be reconciled (R5)
+
+
+# A quarantine reason is shown to people; an exception's text can be long.
+MAX_REASON = 500
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A part of a pass that raised; what it wrote was undone."""
+
+    error: str
+
+
+def isolated(
+    db: sqlite_utils.Database, what: str, what_id: str, fn: Callable[..., T], *args: Any
+) -> T | Failed:
+    """Run one node's or reservation's part of a pass in a savepoint: a failure undoes only
+    that part, is logged, and the pass goes on for every other one (R5)."""
+    try:
+        with savepoint(db):
+            return fn(*args)
+    except Exception as exc:
+        log.exception(f"{what} could not be reconciled", id=what_id)
+        return Failed(str(exc) or repr(exc))
+
+
+def quarantine_unreconcilable(db: sqlite_utils.Database, node: dict[str, Any], error: str) -> None:
+    """R5: a node the pass cannot reconcile leaves placement with the reason; once its pool or
+    inventory changes so that it can be, the next pass re-decides its state."""
+    reason = f"cannot be reconciled: {error}"[:MAX_REASON]
+    if node["state"] in (LOST, QUARANTINED) and node["state_reason"] == reason:
+        return
+    if node["state"] == LOST:
+        return  # lost stays lost until it reports
+    node_sql.update_node(
+        db, node["id"], {"state": QUARANTINED, "state_reason": reason, "updated_at": now()}
+    )
+    state_event(db, node, node["owner_tenant_id"], QUARANTINED, reason)
 
 
 def readmit(
@@ -225,10 +266,27 @@ def reconcile_pass(
         )
     stats.nodes_lost = len(silent)
     for node in node_sql.stale_nodes(db):
-        stats.rows_written += reconcile_node(db, node)
-        stats.nodes_recomputed += 1
-    stats.reservations_moved = retry_pending(db)  # after the rows: new capacity places first
-    stats.reservations_moved += activate(db, liveness.last_epoch)
+        written = isolated(db, "node", node["id"], reconcile_node, db, node)
+        if isinstance(written, Failed):
+            stats.failures += 1
+            isolated(db, "node", node["id"], quarantine_unreconcilable, db, node, written.error)
+        else:
+            stats.rows_written += written
+            stats.nodes_recomputed += 1
+    # After the rows, so new capacity places first; each reservation in its own savepoint.
+    at = now()
+    moves = [
+        *(
+            isolated(db, "reservation", r["id"], retry_pending, db, r, at)
+            for r in res_sql.pending(db)
+        ),
+        *(
+            isolated(db, "reservation", r["id"], activate, db, r, liveness.last_epoch)
+            for r in res_sql.placed(db)
+        ),
+    ]
+    stats.reservations_moved += sum(1 for moved in moves if moved is True)
+    stats.failures += sum(1 for moved in moves if isinstance(moved, Failed))
     return stats
 
 

@@ -244,43 +244,36 @@ def _book_on(
     return True
 
 
-def activate(db: sqlite_utils.Database, seen_since: Callable[[str], float | None]) -> int:
+def activate(
+    db: sqlite_utils.Database, row: dict[str, Any], seen_since: Callable[[str], float | None]
+) -> bool:
     """placed → active once the node holding the booking has reported since it was placed:
-    the host is known to be up with the booking on it. Returns how many moved."""
-    moved = 0
-    for row in res_sql.placed(db):
-        seen = seen_since(row["node_id"])
-        if seen is None or seen < _epoch(row["placed_at"]):
-            continue
-        fields = {"state": "active", "updated_at": now()}
-        res_sql.update(db, row["id"], fields)
-        pool = pool_sql.get_pool(db, row["pool_id"])
-        assert pool is not None
-        _event(db, "active", {**row, **fields}, pool["owner_tenant_id"], nodeId=row["node_id"])
-        moved += 1
-    return moved
+    the host is known to be up with the booking on it. True if it moved."""
+    seen = seen_since(row["node_id"])
+    if seen is None or seen < _epoch(row["placed_at"]):
+        return False
+    fields = {"state": "active", "updated_at": now()}
+    res_sql.update(db, row["id"], fields)
+    pool = pool_sql.get_pool(db, row["pool_id"])
+    assert pool is not None
+    _event(db, "active", {**row, **fields}, pool["owner_tenant_id"], nodeId=row["node_id"])
+    return True
 
 
-def retry_pending(db: sqlite_utils.Database) -> int:
-    """The placer's pass: PoolGone, Expired, or another try to place; returns how many moved."""
-    moved = 0
-    at = now()
-    for row in res_sql.pending(db):
-        pool = pool_sql.get_pool(db, row["pool_id"])
-        assert pool is not None
-        offered = pool_sql.authz_row_exists(db, row["tenant_id"], pool["id"])
-        if pool["archived_at"] is not None or not offered or row["reason"] == "PoolGone":
-            message = (
-                "the pool is archived" if pool["archived_at"] else "the pool is no longer offered"
-            )
-            finish(db, row, "failed", "PoolGone", message)
-            moved += 1
-        elif row["expires_at"] and row["expires_at"] <= at:
-            finish(db, row, "failed", "Expired", "not placed within the pool's maxPending")
-            moved += 1
-        elif place(db, row, pool):
-            moved += 1
-    return moved
+def retry_pending(db: sqlite_utils.Database, row: dict[str, Any], at: str) -> bool:
+    """The placer's pass over one pending reservation: PoolGone, Expired, or another try to
+    place it; True if it moved."""
+    pool = pool_sql.get_pool(db, row["pool_id"])
+    assert pool is not None
+    offered = pool_sql.authz_row_exists(db, row["tenant_id"], pool["id"])
+    if pool["archived_at"] is not None or not offered or row["reason"] == "PoolGone":
+        message = "the pool is archived" if pool["archived_at"] else "the pool is no longer offered"
+        finish(db, row, "failed", "PoolGone", message)
+        return True
+    if row["expires_at"] and row["expires_at"] <= at:
+        finish(db, row, "failed", "Expired", "not placed within the pool's maxPending")
+        return True
+    return place(db, row, pool)
 
 
 # --- the API --------------------------------------------------------------------

@@ -44,6 +44,20 @@ def connect(path: Path) -> sqlite_utils.Database:
     return sqlite_utils.Database(conn)
 
 
+@contextmanager
+def savepoint(db: sqlite_utils.Database) -> Iterator[None]:
+    """A nested transaction: on an exception, what it wrote is undone and the exception goes
+    on, while the enclosing transaction and what it wrote before stay (R5)."""
+    db.execute("SAVEPOINT unit")
+    try:
+        yield
+    except BaseException:
+        db.execute("ROLLBACK TO unit")
+        db.execute("RELEASE unit")
+        raise
+    db.execute("RELEASE unit")
+
+
 class Store:
     """The database of one control plane: a writer and a reader on one file."""
 
