@@ -62,6 +62,19 @@ async def joined(api: Api, token: str, inventory: Inventory) -> dict[str, Any]:
     return dict(answer)
 
 
+async def held(
+    api: Api, pool: str, tenant: str, resources: dict[str, int], token: str | None = None
+) -> dict[str, Any]:
+    """A placed reservation of ``tenant`` on ``pool``: what is in use (R6)."""
+    answer = await api.ok(
+        "compute/reservations/create",
+        {"tenantId": tenant, "poolId": pool, "resources": resources},
+        token,
+    )
+    assert answer["state"] == "placed", answer
+    return dict(answer)
+
+
 def rows_of(node: dict[str, Any]) -> dict[str, tuple[int, int, float]]:
     return {r["resource"]: (r["capacity"], r["allocated"], r["ratio"]) for r in node["resources"]}
 

@@ -3,7 +3,11 @@
 from pathlib import Path
 from typing import Any
 
+from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.reconciler import reconcile_pass
+from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
+from tests.nodes import held, joined, pool_with_token, recorded
 
 
 async def setup_offered(api: Api) -> tuple[str, str]:
@@ -55,18 +59,19 @@ async def test_o1_offering_again_updates_row_and_quota(api: Api) -> None:
 
 
 async def test_o2_max_below_used_is_raised_to_used(api: Api, db: Path) -> None:
-    """O2: a new max below what is in use is raised to the amount in use."""
-    _, pool = await setup_offered(api)
-    await api.offer(pool, "acme", {"gpu": 32})
-    # Bookings arrive with reservations; simulate 12 GPUs in use on the row.
-    execute(db, "UPDATE quotas SET used = 12 WHERE tenant_id = 'acme'")
-    seen = await api.offer(pool, "acme", {"gpu": 4})
+    """O2: a new max below what is in use (a placed reservation's 12 vCPUs) is raised to it."""
+    await api.tenant("acme")
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    await api.offer(pool, "acme", {"vcpu": 32})
+    await held(api, pool, "acme", {"vcpu": 12}, await api.token_for("acme"))
+    seen = await api.offer(pool, "acme", {"vcpu": 4})
     assert [(q["max"], q["used"], q["available"]) for q in seen["quotas"]] == [(12, 12, 0)]
     offered = await api.ok("compute/events/list", {"tenantId": "root", "types": ["pool.offered"]})
-    assert offered["items"][-1]["data"]["quota"] == {"gpu": 12}  # the stored max, not the asked one
+    assert offered["items"][-1]["data"]["quota"] == {"vcpu": 12}  # the stored max, not the asked
     rows = await api.ok(
         "compute/quotas/set",
-        {"tenantId": "root", "poolId": pool, "forTenantId": "acme", "quota": {"gpu": 3}},
+        {"tenantId": "root", "poolId": pool, "forTenantId": "acme", "quota": {"vcpu": 3}},
     )
     assert [(q["max"], q["used"]) for q in rows["items"]] == [(12, 12)]
 
@@ -183,10 +188,12 @@ async def test_o5_offer_writes_authz_row_event_and_answers_as_that_tenant(
 
 async def test_o6_unoffer(api: Api, db: Path) -> None:
     """O6: unoffer answers removed; quotas drop to in use; authz row gone; event once."""
-    _, pool = await setup_offered(api)
+    await api.tenant("acme")
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
     await api.offer(pool, "acme", {"gpu": 32, "vcpu": 10})
     acme = await api.token_for("acme")
-    execute(db, "UPDATE quotas SET used = 3 WHERE tenant_id = 'acme' AND resource = 'gpu'")
+    await held(api, pool, "acme", {"gpu": 3}, acme)
     body = {"tenantId": "root", "poolId": pool, "toTenantId": "acme"}
     assert await api.ok("compute/pools/unoffer", body) == {"removed": True}
     rows = execute(
@@ -280,3 +287,40 @@ async def test_quotas_set_needs_an_offer_and_quotas_list_shows_own_rows(api: Api
         "poolId",
         acme,
     )
+
+
+async def test_r6_pending_reservations_hold_no_quota_after_an_unoffer(api: Api, db: Path) -> None:
+    """R6: with 2 GPUs placed and 3 pending, an unoffer drops max to the 2 in use; once the 3
+    fail with PoolGone, a re-offer of another resource leaves nothing bookable on gpu beyond
+    the 2 the owner never re-granted."""
+    await api.tenant("acme")
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    await api.offer(pool, "acme", {"gpu": 16})
+    acme = await api.token_for("acme")
+    await held(api, pool, "acme", {"gpu": 2}, acme)
+    await held(api, pool, "root", {"gpu": 6})  # the owner fills the host: acme's next waits
+    pending = await api.ok(
+        "compute/reservations/create",
+        {"tenantId": "acme", "poolId": pool, "resources": {"gpu": 3}},
+        acme,
+    )
+    assert pending["state"] == "pending"
+    body = {"tenantId": "root", "poolId": pool, "toTenantId": "acme"}
+    assert await api.ok("compute/pools/unoffer", body) == {"removed": True}
+    assert execute(db, "SELECT max FROM quotas WHERE tenant_id = 'acme'") == [(2,)]
+    await api.offer(pool, "acme", {"vcpu": 8})  # before the pass: the pending 3 still count
+    assert execute(db, "SELECT max FROM quotas WHERE tenant_id = 'acme' AND resource = 'gpu'") == [
+        (2,)
+    ]
+    store = Store(db)
+    try:
+        store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
+    finally:
+        store.close()
+    got = await api.ok(
+        "compute/reservations/get", {"tenantId": "acme", "reservationId": pending["id"]}, acme
+    )
+    assert (got["state"], got["reason"]) == ("failed", "PoolGone")
+    rows = execute(db, "SELECT resource, max, used FROM quotas WHERE tenant_id = 'acme' ORDER BY 1")
+    assert rows == [("gpu", 2, 2), ("vcpu", 8, 0)]

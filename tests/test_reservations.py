@@ -199,9 +199,8 @@ async def test_o6_a1_pending_reservations_fail_with_pool_gone(api: Api, db: Path
         "compute/reservations/get", {"tenantId": "acme", "reservationId": waiting["id"]}, acme
     )
     assert (gone["state"], gone["reason"]) == ("failed", "PoolGone")
-    assert execute(db, "SELECT used, max FROM quotas WHERE tenant_id = 'acme'") == [
-        (0, 4)
-    ]  # O2: dropped to in use, then freed
+    # R6: in use is placed and active only: the pending 4 held nothing the owner re-grants.
+    assert execute(db, "SELECT used, max FROM quotas WHERE tenant_id = 'acme'") == [(0, 0)]
     await joined(api, token, recorded("dgx-h100-01"))
     running = await reserve(api, pool, {"gpu": 2})
     root_waiting = await reserve(api, pool, {"gpu": 8})

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from tests.conftest import Api, execute, snapshot
+from tests.nodes import held, joined, pool_with_token, recorded
 
 
 async def test_u1_update_replaces_policy_bumps_version_and_emits(api: Api, db: Path) -> None:
@@ -192,11 +193,11 @@ async def test_a1_archive_removes_offers_quotas_and_authz(api: Api, db: Path) ->
     """A1: every offer removed, offered quotas drop to in use, their authz rows removed."""
     await api.tenant("acme")
     await api.tenant("beta")
-    site = await api.site()
-    pool = (await api.pool(site))["id"]
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
     await api.offer(pool, "acme", {"gpu": 32})
     await api.offer(pool, "beta", {"gpu": 8})
-    execute(db, "UPDATE quotas SET used = 5 WHERE tenant_id = 'acme'")
+    await held(api, pool, "acme", {"gpu": 5}, await api.token_for("acme"))
     archived = await api.ok("compute/pools/archive", {"tenantId": "root", "poolId": pool})
     assert archived["archived"] is True and archived["offers"] == []
     rows = execute(

@@ -6,6 +6,7 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
 from controlplane.services.access import authz_attrs, owned_pool
+from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
@@ -73,8 +74,7 @@ async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> Poo
             assert site is not None
             pool_sql.put_offer(db, pool["id"], target, req.include_descendants, req.priority, at)
             pool_sql.put_authz(db, target, pool, site["region"])  # O5
-        for resource, maximum in req.quota.items():
-            pool_sql.set_quota(db, pool["id"], target, resource, maximum, at)  # O2
+        grant(db, pool["id"], target, dict(req.quota), at)  # O2
         stored = {
             row["resource"]: row["max"]
             for row in pool_sql.quota_rows(db, target, [pool["id"]])
@@ -102,7 +102,7 @@ def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: s
     pool_id = str(pool["id"])
     if not pool_sql.delete_offer(db, pool_id, tenant):
         return False
-    pool_sql.drop_quotas_to_used(db, pool_id, tenant, now())
+    drop_to_in_use(db, pool_id, tenant, now())
     pool_sql.delete_authz(db, tenant, pool_id)
     res_sql.mark_pool_gone(db, pool_id, tenant)
     events.append(
@@ -141,11 +141,7 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
         if target != pool["owner_tenant_id"] and target not in offered:
             raise InvalidState("the pool is not offered to that tenant", field="forTenantId")
         at = now()
-        changed = {
-            resource: maximum
-            for resource, maximum in req.quota.items()
-            if pool_sql.set_quota(db, pool["id"], target, resource, maximum, at)
-        }
+        changed = grant(db, pool["id"], target, dict(req.quota), at)
         if changed:
             events.append(
                 db,

@@ -12,6 +12,7 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
 from controlplane.services.access import authz_attrs, owned_pool, visible_pool
+from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import pool_view
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
@@ -135,8 +136,7 @@ async def create_pool(
             "created_at": at,
         }
         pool_sql.insert_pool(db, row)
-        for resource, maximum in owner_quota.items():
-            pool_sql.set_quota(db, pool_id, req.tenant_id, resource, maximum, at)
+        grant(db, pool_id, req.tenant_id, dict(owner_quota), at)
         pool = pool_sql.get_pool(db, pool_id)
         assert pool is not None
         pool_sql.put_authz(db, req.tenant_id, pool, site["region"])
@@ -274,7 +274,7 @@ def archive_in_txn(
         tenant = offer["to_tenant_id"]
         pool_sql.delete_offer(db, pool["id"], tenant)
         if reason is None:
-            pool_sql.drop_quotas_to_used(db, pool["id"], tenant, at)
+            drop_to_in_use(db, pool["id"], tenant, at)
         else:
             pool_sql.zero_quotas(db, pool["id"], tenant, at)
         pool_sql.delete_authz(db, tenant, pool["id"])

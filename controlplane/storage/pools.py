@@ -189,37 +189,15 @@ def pool_quota_rows(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, A
     )
 
 
-def set_quota(
+def put_quota(
     db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str, maximum: int, at: str
-) -> bool:
-    """Set a row's max, raised to what is in use (O2); returns whether the row changed."""
-    row = db.execute(
-        "SELECT max, used FROM quotas WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
-        [pool_id, tenant_id, resource],
-    ).fetchone()
-    if row is None:
-        db.execute(
-            "INSERT INTO quotas (pool_id, tenant_id, resource, max, used, updated_at) "
-            "VALUES (?, ?, ?, ?, 0, ?)",
-            [pool_id, tenant_id, resource, maximum, at],
-        )
-        return True
-    new_max = max(maximum, row[1])
-    if new_max == row[0]:
-        return False
+) -> None:
+    """Store a row's max; a new row starts with nothing used."""
     db.execute(
-        "UPDATE quotas SET max = ?, updated_at = ? WHERE pool_id = ? AND tenant_id = ? "
-        "AND resource = ?",
-        [new_max, at, pool_id, tenant_id, resource],
-    )
-    return True
-
-
-def drop_quotas_to_used(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str) -> None:
-    db.execute(
-        "UPDATE quotas SET max = used, updated_at = ? WHERE pool_id = ? AND tenant_id = ? "
-        "AND max != used",
-        [at, pool_id, tenant_id],
+        "INSERT INTO quotas (pool_id, tenant_id, resource, max, used, updated_at) "
+        "VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT (pool_id, tenant_id, resource) "
+        "DO UPDATE SET max = excluded.max, updated_at = excluded.updated_at",
+        [pool_id, tenant_id, resource, maximum, at],
     )
 
 

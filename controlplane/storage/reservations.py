@@ -212,6 +212,17 @@ def add_used(
     )
 
 
+def in_use(db: sqlite_utils.Database, pool_id: str, tenant_id: str) -> dict[str, int]:
+    """Per resource, what the tenant's placed and active reservations on the pool hold."""
+    found = db.execute(
+        "SELECT j.key, sum(j.value) FROM reservations r, json_each(r.resources) j "
+        "WHERE r.pool_id = ? AND r.tenant_id = ? AND r.state IN ('placed', 'active') "
+        "GROUP BY j.key",
+        [pool_id, tenant_id],
+    ).fetchall()
+    return {resource: int(amount) for resource, amount in found}
+
+
 def quota(
     db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str
 ) -> dict[str, Any] | None:
