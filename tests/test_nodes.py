@@ -47,6 +47,23 @@ async def test_n3_dgx_h100_rows_equal_hand_computed_values(api: Api) -> None:
     assert await api.ok("compute/capacity/byPool", {"tenantId": "root", "poolId": pool}) == capacity
 
 
+async def test_n4_out_of_range_ratios_are_stored_as_given_and_clamped(api: Api) -> None:
+    """N4: overcommit vcpu 500 and memoryGiB 0.01 are accepted and stored as given; the
+    reconciler clamps them to 100 and 0.1 on the rows."""
+    policy = {
+        "hostReserve": {"vcpu": 8, "memoryGiB": 64},
+        "overcommit": {"vcpu": 500, "memoryGiB": 0.01},
+    }
+    pool, token = await pool_with_token(api, policy=policy)
+    got = await api.ok("compute/pools/get", {"tenantId": "root", "poolId": pool})
+    assert got["policy"]["overcommit"] == {"vcpu": 500, "memoryGiB": 0.01}
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    view = await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
+    rows = rows_of(view)
+    assert rows["vcpu"] == ((224 - 8) * 100, 0, 100.0)
+    assert rows["memoryGiB"] == (195, 0, 0.1)  # floor(1951.67… × 0.1)
+
+
 async def test_n3_huge_page_pools_leave_memory_and_are_never_overcommitted(api: Api) -> None:
     """N3: 1Gi pages (HGX H200: 128) are their own row and come out of memoryGiB."""
     pool, token = await pool_with_token(

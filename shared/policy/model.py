@@ -13,7 +13,8 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from shared.validation import whole
 
-Ratio = Annotated[float, Meta(ge=0.1, le=100)]  # N4: 0.1…100
+# N4: any positive number is stored as given; the reconciler clamps it to 0.1…100.
+Ratio = Annotated[float, Meta(gt=0)]
 ModuleName = Annotated[str, Meta(pattern=whole(r"^[A-Za-z0-9_-]{1,64}$"))]
 ModuleOptions = Annotated[
     str, Meta(max_length=1024, pattern=whole(r"^[A-Za-z0-9_]+=\S+( [A-Za-z0-9_]+=\S+)*$"))
