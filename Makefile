@@ -31,6 +31,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/reconciler.py
 	$(BIN)/python bench/agent_footprint.py
 	$(BIN)/python bench/reservations.py
+	$(BIN)/python bench/durability.py
+	$(BIN)/python bench/crash.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache

@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from controlplane.storage.db import Durability
+
 MAX_BODY_BYTES = 1024 * 1024  # request bodies over 1 MiB are refused
 
 
@@ -17,3 +19,5 @@ class Config:
     node_lost_after: float = 90.0
     # P8: the attestors the join service runs; joinAttestors may name only these.
     attestors: frozenset[str] = field(default_factory=lambda: frozenset({"join-token"}))
+    # R7: commits synced before the answer ("full"); "relaxed" trades power-loss safety away.
+    durability: Durability = "full"

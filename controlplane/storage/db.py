@@ -8,6 +8,7 @@ lets run beside the writer.
 
 import asyncio
 import copy
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -15,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import sqlite_utils
 
@@ -35,13 +36,33 @@ def now() -> str:
     return timestamp(time.time())
 
 
-def connect(path: Path) -> sqlite_utils.Database:
+# R7: "full" syncs the WAL at every commit, so an acknowledged write survives a power loss;
+# "relaxed" (synchronous=NORMAL) syncs only at checkpoints: a crash of the process loses
+# nothing, a power loss may lose the last commits. bench/durability.py measures the cost.
+Durability = Literal["full", "relaxed"]
+SYNCHRONOUS: dict[Durability, str] = {"full": "FULL", "relaxed": "NORMAL"}
+PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
+
+
+def connect(path: Path, durability: Durability = "full") -> sqlite_utils.Database:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[durability]}")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA busy_timeout = 5000")
     return sqlite_utils.Database(conn)
+
+
+def _private_files(path: Path) -> None:
+    """R7: the database and its -wal/-shm files 0600, a directory made for them 0700,
+    whatever the umask (an existing directory is the operator's and left as it is)."""
+    if not path.parent.exists():
+        path.parent.mkdir(parents=True, mode=PRIVATE_DIR)
+        path.parent.chmod(PRIVATE_DIR)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
+    for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        if file.exists() and file.stat().st_mode & 0o777 != PRIVATE_FILE:
+            file.chmod(PRIVATE_FILE)
 
 
 @contextmanager
@@ -61,11 +82,13 @@ def savepoint(db: sqlite_utils.Database) -> Iterator[None]:
 class Store:
     """The database of one control plane: a writer and a reader on one file."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, durability: Durability = "full") -> None:
         self.path = path
-        self._writer_db = connect(path)
+        _private_files(path)
+        self._writer_db = connect(path, durability)
         migrate(self._writer_db)
-        self.reader = connect(path)
+        self.reader = connect(path, durability)
+        _private_files(path)  # the -wal and -shm files SQLite made beside it
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
         self._gate: Callable[[sqlite_utils.Database], None] | None = None
 
