@@ -214,3 +214,13 @@ async def test_r1_a_tenant_reads_and_ends_its_reservation_after_the_offer_is_gon
     body = {"tenantId": "globex", "reservationId": held["id"]}
     assert (await api.ok("compute/reservations/get", body, globex))["state"] == "placed"
     assert (await api.ok("compute/reservations/end", body, globex))["state"] == "ended"
+
+
+def test_r1_the_action_catalogue_is_published_in_the_readme() -> None:
+    """R1: the README's action table has one row per registered method, as the table decides."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for method in ALL_METHODS:
+        decision = method.access.describe()
+        if method.access.auth == "credential":
+            decision = f"`{decision}`"
+        assert f"| `{method.path.removeprefix('/api/')}` | {decision} |" in readme, method.path

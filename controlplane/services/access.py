@@ -143,6 +143,8 @@ class Access:
             text += " (root only)"
         elif self.on == "owned-pool" or self.on == "node":
             text += " (owner only)"
+        if self.keyed is not None:
+            text += " (a retry of its idempotencyKey: a read of what the key made)"
         return text + (" + items" if self.items else "")
 
 
