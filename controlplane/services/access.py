@@ -130,7 +130,9 @@ class Access:
     @property
     def auth(self) -> Literal["credential", "node", "none"]:
         """The kind of credential the method takes."""
-        return {"own-node": "node", "attestor": "none"}.get(self.on, "credential")  # type: ignore[return-value]
+        if self.on == "own-node":
+            return "node"
+        return "none" if self.on == "attestor" else "credential"
 
     def describe(self) -> str:
         """The decision in the seed's notation: ``compute:pools:read @ compute-pool``."""
