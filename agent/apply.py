@@ -24,6 +24,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 import structlog
 
+from agent.state import set_aside
 from shared.files import atomic_write
 from shared.nodespec import NodeSpecUnits, Unit
 from shared.sdnotify import Notifier
@@ -138,9 +139,20 @@ class Applier:
         return self.root / path.lstrip("/")
 
     def _record(self) -> dict[str, Entry]:
-        if not self.record_path.exists():
+        """What earlier applies did; a damaged record is set aside (R9) and applying starts afresh."""
+        try:
+            found = json.loads(self.record_path.read_bytes())
+        except FileNotFoundError:
             return {}
-        return dict(json.loads(self.record_path.read_text()))
+        except ValueError as exc:  # not UTF-8, not JSON
+            set_aside(self.record_path, str(exc))
+            return {}
+        if not isinstance(found, dict) or not all(
+            isinstance(entry, dict) and "kind" in entry for entry in found.values()
+        ):
+            set_aside(self.record_path, "not a record of applied units")
+            return {}
+        return dict(found)
 
     def apply(self, spec: NodeSpecUnits) -> ApplyReport:
         """Apply every unit, then undo the units an earlier spec had and this one has not."""

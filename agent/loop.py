@@ -1,9 +1,18 @@
 """The agent's loop: join once, then every interval take inventory, report, fetch a new spec.
 
 While the control plane is away the agent backs off exponentially with full
-jitter and keeps the last NodeSpec it has. A refused join is final: the agent
-exits non-zero with the control plane's reason. The loop is synchronous (one
-request at a time needs no event loop) and stops promptly when ``stop`` is set.
+jitter and keeps the last NodeSpec it has. The first join of a fresh state
+directory, when refused, is final: the agent exits non-zero with the control
+plane's reason. A host that had joined and whose credential is refused (401, a
+removed node) joins again with its join token file; when that is refused too,
+it says so and retries with backoff up to ``rejoin_backoff_cap`` (H8). A damaged
+state file is set aside by ``State`` and the loop carries on (R9). The loop is
+synchronous (one request at a time needs no event loop) and stops promptly when
+``stop`` is set.
+
+Watchdog pings (R9): only a cycle that did its work is followed by pings, so a
+loop that keeps failing is restarted by systemd's watchdog rather than reported
+healthy.
 """
 
 import random
@@ -27,7 +36,11 @@ log = structlog.get_logger("agent")
 
 
 class JoinRefused(Exception):
-    """The control plane refused to let this host join; retrying will not change that."""
+    """The control plane refused this host's first join; retrying will not change that."""
+
+
+class RejoinRefused(JoinRefused):
+    """A host that had joined was refused a join again (or has no join token to try): retried."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class Settings:
     interval: float = 30.0
     backoff_base: float = 1.0
     backoff_cap: float = 60.0
+    rejoin_backoff_cap: float = 300.0  # H8: at most 5 minutes between refused joins again
     dry_run: bool = False
 
 
@@ -57,20 +71,28 @@ class Agent:
         self.applier = applier  # None with --dry-run: the spec is fetched and kept, not applied
         self.notifier = notifier or Notifier()  # a no-op outside systemd
         self.announced = False
-        self.failures = 0
+        self.shown_status = ""  # the STATUS systemd was last sent
+        self.failures = 0  # cycles in a row that found the control plane away
+        self.rejoin_failures = 0  # joins again in a row that were refused
         self.applied: Any | None = None  # the last apply's report, sent with every report
 
-    def backoff(self) -> float:
+    def backoff(self, failures: int, cap: float) -> float:
         """Full jitter: a random wait up to base × 2^failures, capped."""
-        ceiling = min(self.settings.backoff_cap, self.settings.backoff_base * 2**self.failures)
-        return random.uniform(0, ceiling)
+        return random.uniform(0, min(cap, self.settings.backoff_base * 2**failures))
 
-    def join(self, inventory: Inventory) -> NodeCredential:
-        join_token = self.settings.join_token_file.read_text().strip()
+    def join(self, inventory: Inventory, again: bool = False) -> NodeCredential:
+        """Join with the join token file; ``again`` for a host that had joined (H8, R9)."""
+        try:
+            join_token = self.settings.join_token_file.read_text().strip()
+        except OSError as exc:
+            if not again:
+                raise  # a first start without its token file: a usage error
+            # The file is often deleted once a host has joined: wait for a new one.
+            raise RejoinRefused(f"cannot read the join token file: {exc.strerror}") from exc
         try:
             answer = self.client.join(join_token, inventory.hostname, inventory)
         except Refused as exc:
-            raise JoinRefused(str(exc)) from exc
+            raise (RejoinRefused if again else JoinRefused)(str(exc)) from exc
         credential = NodeCredential(
             answer["nodeId"], answer["token"], answer["poolId"], self.settings.controlplane
         )
@@ -90,10 +112,12 @@ class Agent:
         except Refused as exc:
             if exc.status != 401:
                 raise
-            # The control plane no longer knows this credential: join again with the token file.
-            log.warning("node credential refused; joining again", node=credential.node_id)
-            self.state.forget_credential()
-            credential = self.join(inventory)
+            # The control plane no longer knows this credential (H8): join again with the token
+            # file. The credential stays until a new one replaces it, so a restarted agent still
+            # knows that this host had joined.
+            if self.rejoin_failures == 0:  # said once, not on every retry
+                log.warning("node credential refused; joining again", node=credential.node_id)
+            credential = self.join(inventory, again=True)
             answer = self.client.report(
                 credential.token, credential.node_id, inventory, self.applied
             )
@@ -104,7 +128,7 @@ class Agent:
         inventory = self.take_inventory()
         credential = self.state.credential()
         if credential is None:
-            credential = self.join(inventory)
+            credential = self.join(inventory, again=self.state.had_credential())
         credential, answer = self.report(credential, inventory)
         spec = self.state.spec()
         if spec is None or spec.get("version") != answer["specVersion"]:
@@ -136,44 +160,81 @@ class Agent:
         self.applied = applied
         return True
 
-    def pause(self, stop: threading.Event, seconds: float) -> None:
-        """Wait between cycles, pinging systemd's watchdog; READY=1 after the first cycle."""
+    def apply_kept(self) -> bool:
+        """Apply the kept spec while the control plane is away; False if that failed."""
+        try:
+            self.apply(self.state.spec())
+        except Exception:
+            log.exception("cannot apply the kept spec")
+            return False
+        return True
+
+    def pause(self, stop: threading.Event, seconds: float, trouble: str | None = None) -> None:
+        """Wait between cycles; READY=1 after the first, STATUS when it changes.
+
+        ``trouble`` says why the cycle did not work; None when it did.
+        """
+        status = f"reporting to {self.settings.controlplane}" if trouble is None else trouble
         if not self.announced:
-            self.notifier.ready(status=f"reporting to {self.settings.controlplane}")
+            self.notifier.ready(status=status)
             self.announced = True
-        self.notifier.wait(stop, seconds)
+        elif status != self.shown_status:
+            self.notifier.status(status)
+        self.shown_status = status
+        # R9: ping only after a cycle that did its work (reported, or applied the kept spec while
+        # the control plane is away), so systemd's watchdog restarts an agent that cannot work.
+        if trouble is None:
+            self.notifier.wait(stop, seconds)
+        else:
+            stop.wait(seconds)
 
     def run(self, stop: threading.Event, once: bool = False) -> None:
-        """Cycle until ``stop`` is set (or once); JoinRefused and, with ``once``, errors escape."""
+        """Cycle until ``stop`` is set (or once); a first JoinRefused and, with ``once``, errors escape."""
+        self.state.prepare()
         while not stop.is_set():
             try:
                 self.cycle()
             except Unreachable as exc:
                 if once:
                     raise
-                self.apply(self.state.spec())  # DESIGN §6: keep applying the last spec
-                wait = self.backoff()
+                applied = self.apply_kept()  # DESIGN §6: keep applying the last spec
+                wait = self.backoff(self.failures, self.settings.backoff_cap)
                 self.failures += 1
                 log.warning("control plane unreachable", error=str(exc), retry_in=round(wait, 2))
-                self.pause(stop, wait)
+                self.pause(stop, wait, None if applied else "cannot apply the kept NodeSpec")
                 continue
+            except RejoinRefused as exc:
+                if once:
+                    raise
+                wait = self.backoff(self.rejoin_failures, self.settings.rejoin_backoff_cap)
+                self.rejoin_failures += 1
+                log.error(
+                    "cannot join this host again; retrying (a valid join token in the join "
+                    "token file lets it in)",
+                    error=str(exc),
+                    join_token_file=str(self.settings.join_token_file),
+                    retry_in=round(wait, 2),
+                )
+                self.pause(stop, wait, f"join refused: {exc}")
+                continue
+            except JoinRefused:
+                raise
             except Refused as exc:
                 # A report refused (e.g. the GPUs changed family): say why, keep the last spec.
                 if once:
                     raise
                 log.error("report refused", error=str(exc))
-                self.pause(stop, self.settings.interval)
+                self.pause(stop, self.settings.interval, f"report refused: {exc}")
                 continue
-            except JoinRefused:
-                raise
             except Exception:
                 # A bug or a spec this agent cannot read must not stop it for good: log, retry.
                 if once:
                     raise
                 log.exception("cycle failed")
-                self.pause(stop, self.settings.interval)
+                self.pause(stop, self.settings.interval, "cycle failed (see the journal)")
                 continue
             self.failures = 0
+            self.rejoin_failures = 0
             if once:
                 return
             self.pause(stop, self.settings.interval)

@@ -84,6 +84,14 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
     help="Longest wait between retries while the control plane is away.",
 )
 @click.option(
+    "--rejoin-backoff-max",
+    type=click.FloatRange(min=0.1),
+    default=300.0,
+    show_default=True,
+    help="Longest wait between joins again after the control plane refused this host's "
+    "credential and then its join token (a removed node, a used-up token).",
+)
+@click.option(
     "--root",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("/"),
@@ -103,6 +111,7 @@ def run(
     sysfs_root: Path,
     interval: float,
     backoff_max: float,
+    rejoin_backoff_max: float,
     root: Path,
     dry_run: bool,
     once: bool,
@@ -115,6 +124,7 @@ def run(
         join_token_file=join_token_file,
         interval=interval,
         backoff_cap=backoff_max,
+        rejoin_backoff_cap=rejoin_backoff_max,
         dry_run=dry_run,
     )
     take = functools.partial(
@@ -147,9 +157,6 @@ def run(
         sys.exit(1)
     except OSError as exc:  # the join token file or the state directory
         click.echo(f"better-compute-agent: {exc.strerror}: {exc.filename}", err=True)
-        sys.exit(2)
-    except (ValueError, KeyError) as exc:  # a damaged node.json
-        click.echo(f"better-compute-agent: unreadable state in {state_dir}: {exc!r}", err=True)
         sys.exit(2)
     finally:
         client.close()
