@@ -18,11 +18,17 @@ What it does, in one run:
    - ``bare``        POST to the baseline handler;
    - ``pools/get``   ``compute/pools/get`` as acme, one pool;
    - ``pools/list``  ``compute/pools/list`` as acme, 50 pools visible;
-   - ``pools/offer`` ``compute/pools/offer`` as root, re-offering one pool with a varying quota.
+   - ``pools/offer`` ``compute/pools/offer`` as root, re-offering one pool with a varying quota;
+   - ``pools/get:nolog`` ``compute/pools/get`` on a second daemon, populated the same way, that
+     runs with ``--log-level warning`` (no per-request log line).
 
 5. Prints requests, req/s, p50 and p99 latency, errors (any answer but HTTP 200, or a transport
-   failure) and the ratio of each endpoint's req/s to the bare handler's, then the informational
-   target ``pools/get ratio >= 0.5 x bare``.
+   failure), the ratio of each endpoint's req/s to the bare handler's and the serving process's
+   CPU time per request (``cpu us``, read with psutil around each load), then the informational
+   target ``pools/get ratio >= 0.5 x bare``, then the cost of the request log line (M5: one
+   whole-line write per request): the median per-round ratio of ``pools/get`` with logs to
+   ``pools/get:nolog``, and that difference per request in microseconds, from the rates and from
+   the daemons' CPU time (the steadier figure when client and servers share few cores).
 
 The servers and the client share the machine's cores, so absolute numbers depend on the host; the
 ratio to the bare handler, measured under the same conditions, is the figure to compare. The exit
@@ -51,6 +57,7 @@ from typing import Any, TextIO
 
 import aiohttp
 import msgspec
+import psutil  # type: ignore[import-untyped]
 from aiohttp import web
 
 from agent.inventory import collect_inventory
@@ -62,6 +69,7 @@ DGX_FIXTURE = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "h
 # Targets: pools/get (issue 2) and an unchanged nodes/report (issue 3: one control plane
 # for 300k hosts reporting every 30 s) at half the bare handler's rate or better.
 TARGETS = {"pools/get": 0.5, "nodes/report": 0.5}
+NOLOG = "pools/get:nolog"  # pools/get on the daemon that writes no request lines
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 15.0
 REQUEST_TIMEOUT_S = 30.0
@@ -94,6 +102,7 @@ class Result:
     errors: int
     ratio: float
     first_error: str | None
+    server_cpu_us: float  # the server process's CPU time (user + system) per request
 
 
 # --- the baseline server ------------------------------------------------------------------------
@@ -377,7 +386,9 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def summarise(name: str, sample: Sample, elapsed: float, ratio: float) -> Result:
+def summarise(
+    name: str, sample: Sample, elapsed: float, ratio: float, cpu_seconds: float
+) -> Result:
     """Totals over all rounds; the ratio is the median of the per-round ratios to bare."""
     latencies = sorted(sample.latencies)
     rps = len(latencies) / elapsed if elapsed > 0 else 0.0
@@ -391,6 +402,7 @@ def summarise(name: str, sample: Sample, elapsed: float, ratio: float) -> Result
         errors=sample.errors,
         ratio=round(ratio, 3),
         first_error=sample.first_error,
+        server_cpu_us=round(cpu_seconds / len(latencies) * 1e6, 1) if latencies else 0.0,
     )
 
 
@@ -444,36 +456,86 @@ class Options:
     as_json: bool
 
 
+@dataclass(frozen=True)
+class Spawned:
+    proc: subprocess.Popen[bytes]
+    port: int
+    log: Path
+
+    @property
+    def base(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+
+@dataclass(frozen=True)
+class LogCost:
+    """pools/get with the request log line against pools/get without it."""
+
+    ratio: float  # the median over rounds of req/s with logs / req/s without
+    us_per_request: float  # 1e6 / req/s with logs - 1e6 / req/s without, over all rounds
+    cpu_us_per_request: float  # the daemons' CPU time per request, with logs - without
+
+
+def log_cost(results: list[Result], ratios: dict[str, list[float]]) -> LogCost:
+    """From one interleaved run: each round's two rates were measured minutes apart at most."""
+    logged = next(r for r in results if r.endpoint == "pools/get")
+    quiet = next(r for r in results if r.endpoint == NOLOG)
+    per_round = [a / b for a, b in zip(ratios["pools/get"], ratios[NOLOG], strict=True) if b]
+    extra = 1e6 / logged.rps - 1e6 / quiet.rps if logged.rps and quiet.rps else 0.0
+    return LogCost(
+        ratio=round(statistics.median(per_round), 3) if per_round else 0.0,
+        us_per_request=round(extra, 1),
+        cpu_us_per_request=round(logged.server_cpu_us - quiet.server_cpu_us, 1),
+    )
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 async def measure(
-    options: Options,
-    workdir: Path,
-    api: subprocess.Popen[bytes],
-    api_port: int,
-    api_log: Path,
-    bare: subprocess.Popen[bytes],
-    bare_port: int,
-    bare_log: Path,
-) -> list[Result]:
-    api_base = f"http://{HOST}:{api_port}"
-    bare_base = f"http://{HOST}:{bare_port}"
+    options: Options, workdir: Path, api: Spawned, quiet: Spawned, bare: Spawned
+) -> tuple[list[Result], LogCost]:
+    api_base, quiet_base, bare_base = api.base, quiet.base, bare.base
     connector = aiohttp.TCPConnector(limit=options.concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        await wait_ready(session, "GET", f"{api_base}/readyz", api, api_log)
-        await wait_ready(session, "POST", f"{bare_base}{BARE_PATH}", bare, bare_log)
+        await wait_ready(session, "GET", f"{api_base}/readyz", api.proc, api.log)
+        await wait_ready(session, "GET", f"{quiet_base}/readyz", quiet.proc, quiet.log)
+        await wait_ready(session, "POST", f"{bare_base}{BARE_PATH}", bare.proc, bare.log)
         root = (workdir / "root.token").read_text().strip()
         fixture = await populate(session, api_base, root)
-        targets = endpoints(bare_base, api_base, root, fixture)
+        quiet_root = (workdir / "quiet" / "root.token").read_text().strip()
+        quiet_fixture = await populate(session, quiet_base, quiet_root)
+        quiet_get = encode({"tenantId": "acme", "poolId": quiet_fixture.pool_ids[0]})
+        targets = [
+            *endpoints(bare_base, api_base, root, fixture),
+            Endpoint(
+                NOLOG,
+                f"{quiet_base}/api/compute/pools/get",
+                quiet_fixture.acme_token,
+                lambda i: quiet_get,
+            ),
+        ]
         for endpoint in targets:
             await warm_up(session, endpoint, options.concurrency)
         # Rounds interleave the baseline with every endpoint, so a change in the machine's
         # state (the other core, the CPU clock) hits both sides of each ratio alike.
         samples = {e.name: Sample(latencies=[]) for e in targets}
         elapsed = dict.fromkeys(samples, 0.0)
+        cpu = dict.fromkeys(samples, 0.0)
+        servers = {
+            e.name: psutil.Process(
+                (bare if e.name == "bare" else quiet if e.name == NOLOG else api).proc.pid
+            )
+            for e in targets
+        }
         ratios: dict[str, list[float]] = {name: [] for name in samples}
         for _ in range(options.rounds):
             bare_rps = 0.0
             for endpoint in targets:
+                cpu_before = cpu_seconds(servers[endpoint.name])
                 sample, seconds = await load(
                     session,
                     endpoint,
@@ -481,6 +543,7 @@ async def measure(
                     concurrency=options.concurrency,
                     max_requests=options.max_requests,
                 )
+                cpu[endpoint.name] += cpu_seconds(servers[endpoint.name]) - cpu_before
                 rps = len(sample.latencies) / seconds if seconds > 0 else 0.0
                 bare_rps = bare_rps or rps
                 ratios[endpoint.name].append(rps / bare_rps if bare_rps else 0.0)
@@ -490,41 +553,61 @@ async def measure(
                 merged.first_error = merged.first_error or sample.first_error
                 elapsed[endpoint.name] += seconds
         results = [
-            summarise(name, samples[name], elapsed[name], statistics.median(ratios[name]))
+            summarise(
+                name, samples[name], elapsed[name], statistics.median(ratios[name]), cpu[name]
+            )
             for name in samples
         ]
-        for proc, log in ((api, api_log), (bare, bare_log)):
-            if proc.poll() is not None:
+        for server in (api, quiet, bare):
+            if server.proc.poll() is not None:
                 raise SetupError(
-                    f"{proc.args!r} exited with {proc.returncode} during the run; log {log}:\n"
-                    f"{log_tail(log)}"
+                    f"{server.proc.args!r} exited with {server.proc.returncode} during the run; "
+                    f"log {server.log}:\n{log_tail(server.log)}"
                 )
-        return results
+        return results, log_cost(results, ratios)
 
 
-def run(options: Options) -> list[Result]:
+def run(options: Options) -> tuple[list[Result], LogCost]:
     with tempfile.TemporaryDirectory(prefix="bench-api-") as tmp:
         workdir = Path(tmp)
-        api_port, bare_port = free_port(), free_port()
-        while bare_port == api_port:
-            bare_port = free_port()
+        (workdir / "quiet").mkdir()
+        api_port, quiet_port, bare_port = free_port(), free_port(), free_port()
+        while len({api_port, quiet_port, bare_port}) < 3:
+            quiet_port, bare_port = free_port(), free_port()
         api_log, bare_log = workdir / "controlplane.log", workdir / "bare.log"
-        api_argv = [
-            daemon_executable(),
-            "serve",
-            "--db",
-            str(workdir / "db.sqlite"),
-            "--listen",
-            f"{HOST}:{api_port}",
-            "--root-token-file",
-            str(workdir / "root.token"),
-            "--log-format",
-            "json",
-        ]
+        quiet_log = workdir / "quiet" / "controlplane.log"
+
+        def daemon_argv(directory: Path, port: int, *extra: str) -> list[str]:
+            return [
+                daemon_executable(),
+                "serve",
+                "--db",
+                str(directory / "db.sqlite"),
+                "--listen",
+                f"{HOST}:{port}",
+                "--root-token-file",
+                str(directory / "root.token"),
+                "--log-format",
+                "json",
+                *extra,
+            ]
+
+        api_argv = daemon_argv(workdir, api_port)
+        quiet_argv = daemon_argv(workdir / "quiet", quiet_port, "--log-level", "warning")
         bare_argv = [sys.executable, str(Path(__file__).resolve()), "--serve-bare", str(bare_port)]
-        with spawned(api_argv, api_log) as api, spawned(bare_argv, bare_log) as bare:
+        with (
+            spawned(api_argv, api_log) as api,
+            spawned(quiet_argv, quiet_log) as quiet,
+            spawned(bare_argv, bare_log) as bare,
+        ):
             return asyncio.run(
-                measure(options, workdir, api, api_port, api_log, bare, bare_port, bare_log)
+                measure(
+                    options,
+                    workdir,
+                    Spawned(api, api_port, api_log),
+                    Spawned(quiet, quiet_port, quiet_log),
+                    Spawned(bare, bare_port, bare_log),
+                )
             )
 
 
@@ -539,13 +622,13 @@ def target_lines(results: list[Result]) -> list[tuple[str, float, bool]]:
     return lines
 
 
-def print_table(results: list[Result], options: Options, out: TextIO) -> None:
+def print_table(results: list[Result], cost: LogCost, options: Options, out: TextIO) -> None:
     print(
         f"{options.seconds:g}s per endpoint, concurrency {options.concurrency}, "
         f"{os.cpu_count()} CPUs shared by client and servers",
         file=out,
     )
-    columns = ("endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "ratio")
+    columns = ("endpoint", "requests", "req/s", "p50 ms", "p99 ms", "errors", "ratio", "cpu us")
     rows = [
         (
             r.endpoint,
@@ -555,6 +638,7 @@ def print_table(results: list[Result], options: Options, out: TextIO) -> None:
             f"{r.p99_ms:.2f}",
             str(r.errors),
             f"{r.ratio:.3f}",
+            f"{r.server_cpu_us:.1f}",
         )
         for r in results
     ]
@@ -571,6 +655,12 @@ def print_table(results: list[Result], options: Options, out: TextIO) -> None:
         print(line(row), file=out)
     for text, _, _ in target_lines(results):
         print(text, file=out)
+    print(
+        f"request log line: pools/get with logs at {cost.ratio:.3f} x the rate without "
+        f"({NOLOG}): {cost.us_per_request:.1f} us per request from the rates, "
+        f"{cost.cpu_us_per_request:.1f} us of the daemon's CPU time per request",
+        file=out,
+    )
     for r in results:
         if r.first_error is not None:
             print(f"{r.endpoint}: {r.errors} errors, first: {r.first_error}", file=out)
@@ -612,7 +702,7 @@ def main(argv: list[str] | None = None) -> int:
         as_json=args.json,
     )
     try:
-        results = run(options)
+        results, cost = run(options)
     except SetupError as exc:
         print(f"bench: setup failed: {exc}", file=sys.stderr)
         return 2
@@ -628,10 +718,11 @@ def main(argv: list[str] | None = None) -> int:
                 {"endpoint": endpoint, "min_ratio": minimum, "passed": passed, "line": text}
                 for endpoint, (text, minimum, passed) in zip(TARGETS, targets, strict=True)
             ],
+            "log_cost": asdict(cost),
         }
         print(json.dumps(document, indent=2))
     else:
-        print_table(results, options, sys.stdout)
+        print_table(results, cost, options, sys.stdout)
     return 1 if any(r.errors for r in results) else 0
 
 

@@ -2,20 +2,119 @@
 
 import asyncio
 import contextlib
+import logging
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from controlplane.app import make_app
 from controlplane.config import Config
 from controlplane.demo import demo
+from controlplane.storage.db import Durability
 from shared.log import configure_logging
 from shared.sdnotify import Notifier
 
 log = structlog.get_logger("controlplane")
+
+KEEPALIVE_TIMEOUT_S = 75.0  # an idle kept-alive connection is closed after this long
+HEADER_TIMEOUT_S = 10.0  # a request's line and headers must arrive whole within this long
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING}
+
+
+class HardenedProtocol(web.RequestHandler):
+    """aiohttp's connection protocol with a deadline on each request's head, and one log line
+    without a traceback for a request that is not valid HTTP (the client's error, a 400).
+
+    aiohttp (3.14) has a keep-alive timeout but no header-read timeout: a client that
+    sends half a request line and stops holds its connection until the keep-alive timer
+    (an hour by default). Here the head of a request (its line and headers) must arrive
+    whole within ``head_timeout`` of the connection opening, or of the request's first
+    byte on a kept-alive connection; else the connection is closed. The body is not
+    timed here (the handler reads it), nor is an idle kept-alive connection (that is
+    ``keepalive_timeout``). It costs one integer compare per chunk received.
+    """
+
+    __slots__ = ("_head_timeout", "_head_timer")
+
+    def __init__(self, manager: web.Server, *, head_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._head_timeout = head_timeout
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._start_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        heads = self._request_count  # aiohttp counts each request head it parses
+        super().data_received(data)
+        if self._request_count != heads:
+            self._stop_head_timer()
+        elif self._head_timer is None and self._waiter is not None and not self._waiter.done():
+            self._start_head_timer()  # the first bytes of the next request on an idle connection
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _start_head_timer(self) -> None:
+        self._head_timer = self._loop.call_later(self._head_timeout, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def log_exception(self, *args: Any, **kwargs: Any) -> None:
+        exc = kwargs.get("exc_info")
+        if isinstance(exc, HttpProcessingError):
+            log.info(
+                "refused a request that is not valid HTTP", status=exc.code, reason=exc.message
+            )
+            return
+        super().log_exception(*args, **kwargs)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        log.info("closing a connection: no whole request head in time", seconds=self._head_timeout)
+        self.force_close()
+
+
+class _HeadTimeoutServer(web.Server):
+    """aiohttp's low-level server, making HardenedProtocol connections."""
+
+    def __init__(self, base: web.Server, head_timeout: float) -> None:
+        super().__init__(
+            base.request_handler,
+            request_factory=base.request_factory,
+            handler_cancellation=base.handler_cancellation,
+            loop=base._loop,
+            **base._kwargs,
+        )
+        self._head_timeout = head_timeout
+
+    def __call__(self) -> web.RequestHandler:
+        return HardenedProtocol(
+            self, loop=self._loop, head_timeout=self._head_timeout, **self._kwargs
+        )
+
+
+class Runner(web.AppRunner):
+    """``web.AppRunner`` whose connections time out a half-sent request head."""
+
+    __slots__ = ("_head_timeout",)
+
+    def __init__(self, app: web.Application, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._head_timeout = header_timeout
+
+    async def _make_server(self) -> web.Server:
+        return _HeadTimeoutServer(await super()._make_server(), self._head_timeout)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -25,18 +124,35 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
-async def run_server(config: Config, notifier: Notifier | None = None) -> None:
+async def run_server(
+    config: Config,
+    notifier: Notifier | None = None,
+    *,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
+    header_timeout: float = HEADER_TIMEOUT_S,
+) -> None:
     """Serve until SIGTERM or SIGINT, then stop taking requests and finish the ones in flight.
 
     Under systemd (``Type=notify``) it says READY=1 once the store is open and the
     socket listens, pings the watchdog from a task on the event loop (a stuck loop
     stops the pings, and systemd restarts the service), and says STOPPING=1 on the
     way out. ``notifier`` defaults to the one the environment describes.
+
+    A connection idle between requests is closed after ``keepalive_timeout`` seconds;
+    one whose request line and headers do not arrive whole within ``header_timeout``
+    seconds (from its opening, or from a request's first byte) is closed too.
     """
     if notifier is None:
         notifier = Notifier.from_environment()
     app = make_app(config)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=10)
+    runner = Runner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=10,
+        keepalive_timeout=keepalive_timeout,
+        header_timeout=header_timeout,
+    )
     await runner.setup()  # opens the store and runs its migrations (cleanup_ctx)
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()
@@ -93,17 +209,52 @@ def cli() -> None:
     show_default=True,
     help="Seconds without a report after which a ready node is lost.",
 )
+@click.option(
+    "--keepalive-timeout",
+    type=click.FloatRange(min=0.1),
+    default=KEEPALIVE_TIMEOUT_S,
+    show_default=True,
+    help="Seconds an idle keep-alive connection stays open.",
+)
+@click.option(
+    "--header-timeout",
+    type=click.FloatRange(min=0.1),
+    default=HEADER_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a request's line and headers have to arrive whole.",
+)
+@click.option(
+    "--durability",
+    type=click.Choice(["full", "relaxed"]),
+    default="full",
+    show_default=True,
+    help="full: every commit synced before the answer (survives a power loss); relaxed: "
+    "synced at checkpoints (a power loss may lose the last commits; bench/durability.py).",
+)
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
+@click.option(
+    "--log-level",
+    type=click.Choice(list(LOG_LEVELS)),
+    default="info",
+    show_default=True,
+    help="warning drops the per-request lines.",
+)
 def serve(
     db_path: Path,
     listen: str,
     root_token_file: Path | None,
     reconcile_interval: float,
     node_lost_after: float,
+    keepalive_timeout: float,
+    header_timeout: float,
+    durability: Durability,
     log_format: str,
+    log_level: str,
 ) -> None:
     """Serve the HTTP API on a SQLite database (created and migrated on first start)."""
-    configure_logging(json=None if log_format == "auto" else log_format == "json")
+    configure_logging(
+        json=None if log_format == "auto" else log_format == "json", level=LOG_LEVELS[log_level]
+    )
     host, port = parse_listen(listen)
     config = Config(
         db_path=db_path,
@@ -112,8 +263,11 @@ def serve(
         port=port,
         reconcile_interval=reconcile_interval,
         node_lost_after=node_lost_after,
+        durability=durability,
     )
-    asyncio.run(run_server(config))
+    asyncio.run(
+        run_server(config, keepalive_timeout=keepalive_timeout, header_timeout=header_timeout)
+    )
 
 
 cli.add_command(demo)

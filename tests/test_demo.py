@@ -21,7 +21,7 @@ def api(url: str, token: str, path: str, body: dict[str, object]) -> dict[str, o
     request = urllib.request.Request(
         f"{url}/api/{path}",
         data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {token}"},
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     with urllib.request.urlopen(request, timeout=5) as response:
         return dict(json.loads(response.read()))

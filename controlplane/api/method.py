@@ -68,7 +68,11 @@ def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> W
 
 
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:
-    """The body decoded and validated by its schema, or INVALID_INPUT naming the field."""
+    """The body decoded and validated by its schema, or INVALID_INPUT naming the field.
+
+    The app's middleware has already read the body and refused (R2) one that is not a UTF-8
+    JSON object nested at most 64 deep; the read here returns the bytes aiohttp kept.
+    """
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise PayloadTooLarge("request body is over 1 MiB", limit=MAX_BODY_BYTES)
     try:
@@ -80,5 +84,6 @@ async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:
     except msgspec.ValidationError as exc:
         field, message = field_of(exc)
         raise InvalidInput(message, field=field or None) from None
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        # Without the middleware's screen (R2) these would be a 500: never let them be.
         raise InvalidInput("the body is not valid JSON") from None

@@ -9,6 +9,30 @@ from controlplane.api.method import Method
 from shared.schemas import ErrorBody
 
 REF = "#/components/schemas/{name}"
+# JSON Schema counts 87.0 as an integer; the server does not (msgspec refuses a float for an
+# int field), so every integer schema says so in words.
+INTEGER_NOTE = "A JSON integer, written without a fraction or an exponent: 87, not 87.0 or 8.7e1."
+
+DESCRIPTION = (
+    "Every method is a POST with `Content-Type: application/json` and a body that is a UTF-8"
+    " JSON object nested at most 64 levels deep; anything else is 400 INVALID_INPUT, before"
+    " authentication (R2). Integers are JSON integers: 87.0 is refused where an integer is"
+    " expected. An `X-Request-Id` header matching `^[A-Za-z0-9._:-]{1,128}$` is kept, else"
+    " the server makes one; every answer carries it, and error bodies as `requestId`."
+)
+
+
+def _note_integers(node: Any) -> None:
+    """Add INTEGER_NOTE to every ``"type": "integer"`` schema under node, in place."""
+    if isinstance(node, dict):
+        described = node.get("description")
+        if node.get("type") == "integer" and INTEGER_NOTE not in (described or ""):
+            node["description"] = f"{described} {INTEGER_NOTE}" if described else INTEGER_NOTE
+        for value in node.values():
+            _note_integers(value)
+    elif isinstance(node, list):
+        for value in node:
+            _note_integers(value)
 
 
 def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
@@ -17,6 +41,7 @@ def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
         key=lambda t: t.__name__,
     )
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
+    _note_integers(components)
     error = {
         "description": "An error: code, message, details (details.field for INVALID_INPUT).",
         "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorBody")}}},
@@ -51,7 +76,11 @@ def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
         paths[method.path] = {"post": operation}
     return {
         "openapi": "3.1.0",
-        "info": {"title": "Better Compute control plane", "version": version},
+        "info": {
+            "title": "Better Compute control plane",
+            "version": version,
+            "description": DESCRIPTION,
+        },
         "paths": paths,
         "components": {
             "schemas": components,
