@@ -49,6 +49,7 @@ class Metrics:
     registry: CollectorRegistry
     requests: Counter
     latency: Histogram
+    reconcile_failures: Counter  # R5: nodes and reservations a pass could not reconcile
     # Labelled children by (route, status): labels() takes a lock and builds keys each call.
     _children: dict[tuple[str, int], tuple[Any, Any]] = field(default_factory=dict)
 
@@ -77,6 +78,11 @@ class Metrics:
                 ["method"],
                 registry=registry,
                 buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            ),
+            reconcile_failures=Counter(
+                "bc_reconcile_failures",
+                "Nodes and reservations a reconciler pass could not reconcile (each isolated, R5)",
+                registry=registry,
             ),
         )
 
@@ -391,6 +397,7 @@ async def _reconciler_lifetime(app: web.Application) -> AsyncIterator[None]:
             runtime.config.reconcile_interval,
             runtime.config.node_lost_after,
             runtime.started,
+            app[METRICS].reconcile_failures,
         )
     )
     yield

@@ -224,3 +224,11 @@ def test_r1_the_action_catalogue_is_published_in_the_readme() -> None:
         if method.access.auth == "credential":
             decision = f"`{decision}`"
         assert f"| `{method.path.removeprefix('/api/')}` | {decision} |" in readme, method.path
+
+
+async def test_r1_every_operation_describes_its_decision(api: Api) -> None:
+    """R1: the OpenAPI document gives each operation's decision in its description."""
+    document = await (await api.client.get("/api/openapi.json")).json()
+    for method in ALL_METHODS:
+        operation = document["paths"][method.path]["post"]
+        assert operation["description"] == f"Authorization: {method.access.describe()}."

@@ -1,12 +1,15 @@
 """Node life: what counts as a changed inventory, host identity, admission, held capacity."""
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from controlplane.app import make_app
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.reconciler import PassStats, reconcile_pass
+from controlplane.config import Config
 from controlplane.storage.db import Store
 from shared.inventory import Inventory
 from tests.conftest import Api, execute
@@ -336,3 +339,34 @@ async def test_r5_a_pool_whose_policy_no_longer_parses_never_stops_the_pass(
     await api.ok("compute/pools/update", {"tenantId": "root", "poolId": broken, "policy": {}})
     assert one_pass(db).failures == 0
     assert execute(db, "SELECT state FROM nodes WHERE id = ?", (sick["nodeId"],)) == [("ready",)]
+
+
+async def test_r5_failures_are_counted_in_the_metrics(aiohttp_client: Any, tmp_path: Path) -> None:
+    """R5: a node the running reconciler cannot reconcile shows in bc_reconcile_failures_total,
+    and the passes go on (the counter keeps rising while the policy stays broken)."""
+    config = Config(
+        db_path=tmp_path / "bc.db", root_token_file=tmp_path / "root.token", reconcile_interval=0.05
+    )
+    client = await aiohttp_client(make_app(config))
+    api = Api(client, config.root_token_file.read_text().strip())
+    pool, token = await pool_with_token(api)
+    await joined(api, token, recorded("dgx-h100-01"))
+    execute(
+        config.db_path,
+        'UPDATE pools SET policy = \'{"hugepages": "lots"}\', version = version + 1 WHERE id = ?',
+        (pool,),
+    )
+
+    async def failures() -> float:
+        text = await (await client.get("/metrics")).text()
+        line = next(x for x in text.splitlines() if x.startswith("bc_reconcile_failures_total"))
+        return float(line.split()[-1])
+
+    seen = 0.0
+    for _ in range(100):  # bounded: up to 5 s
+        seen = await failures()
+        if seen >= 2:
+            break
+        await asyncio.sleep(0.05)
+    assert seen >= 2
+    assert execute(config.db_path, "SELECT state FROM nodes") == [("quarantined",)]

@@ -51,6 +51,8 @@ def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
         operation: dict[str, Any] = {
             "operationId": method.operation_id,
             "summary": method.summary,
+            # R1: the decision the method makes, as the README's action table shows it.
+            "description": f"Authorization: {method.access.describe()}.",
             "requestBody": {
                 "required": True,
                 "content": {

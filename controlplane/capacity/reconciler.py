@@ -28,6 +28,7 @@ import msgspec
 import sqlite_utils
 import structlog
 from msgspec import UNSET
+from prometheus_client import Counter
 
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
@@ -291,7 +292,12 @@ def reconcile_pass(
 
 
 async def run_reconciler(
-    store: Store, liveness: Liveness, interval: float, lost_after: float, started: float
+    store: Store,
+    liveness: Liveness,
+    interval: float,
+    lost_after: float,
+    started: float,
+    failures: Counter,
 ) -> None:
     """Every ``interval`` seconds, one pass; a failed pass is logged and the next one retries."""
     while True:
@@ -303,8 +309,10 @@ async def run_reconciler(
         try:
             stats = await store.write(work)
         except Exception:
+            failures.inc()
             log.exception("reconciler pass failed")
             continue
+        failures.inc(stats.failures)
         if stats.nodes_recomputed or stats.nodes_lost or stats.reservations_moved:
             log.info(
                 "reconciled",
