@@ -152,13 +152,19 @@ def spawned(argv: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]
     try:
         yield proc
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> int:
+    """SIGTERM, then SIGKILL after STOP_TIMEOUT_S; the exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
 
 
 def log_tail(path: Path, lines: int = 40) -> str:

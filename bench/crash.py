@@ -283,14 +283,8 @@ class Daemon:
         if self.proc is None:
             return None
         proc, self.proc = self.proc, None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return proc.returncode
+        code: int = bench_api.stop(proc)
+        return code
 
 
 # --- HTTP -----------------------------------------------------------------------------------------
