@@ -1,6 +1,7 @@
 """R2 on the wire: bad bodies and headers are INVALID_INPUT before anything else, never a 500;
 integers as the OpenAPI document says; timeouts on half-sent heads and idle connections."""
 
+import asyncio
 import http.client
 import json
 import socket
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from multidict import CIMultiDict
 
 from controlplane.app import ALL_METHODS, MAX_DEPTH, json_depth
+from controlplane.config import MAX_BODY_BYTES
 from tests.conftest import Api
 from tests.daemons import Daemon
 
@@ -448,3 +450,16 @@ def test_a_slow_body_is_not_a_header_timeout(quick_daemon: Daemon) -> None:
         time.sleep(0.8)
         sock.sendall(body[5:])
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+async def test_r2_a_string_that_never_closes_is_refused_at_once(api: Api) -> None:
+    """R2: a 1 MiB body of brackets and an unclosed string (quadratic for the depth scan's
+    string pattern, minutes of the event loop before the fix) is refused in one linear scan;
+    the hang guard is generous and only there so a regression fails instead of hanging."""
+    body = b"[" * 70 + b'"' + b'\\"' * (MAX_BODY_BYTES // 2 - 40)
+    status, answer, _ = await asyncio.wait_for(post(api, "compute/pools/list", body), 30)
+    assert (status, answer["error"]["code"]) == (400, "INVALID_INPUT")
+    assert "deeper than 64" in answer["error"]["message"]
+    unclosed = b'{"tenantId": "' + b'\\"' * (MAX_BODY_BYTES // 2 - 40)
+    status, answer, _ = await asyncio.wait_for(post(api, "compute/pools/list", unclosed), 30)
+    assert answer["error"]["message"] == "the body is not valid JSON"

@@ -8,12 +8,11 @@ import msgspec
 import sqlite_utils
 from aiohttp import web
 
-from controlplane.config import MAX_BODY_BYTES
 from controlplane.iam.decide import Principal
 from controlplane.runtime import Runtime
 from controlplane.services.access import Access
 from controlplane.storage.db import Store
-from shared.errors import InvalidInput, PayloadTooLarge
+from shared.errors import InvalidInput
 from shared.validation import field_of
 
 # Who calls: a tenant credential's principal, a node (its row), or nobody (nodes/join).
@@ -70,20 +69,12 @@ def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> W
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:
     """The body decoded and validated by its schema, or INVALID_INPUT naming the field.
 
-    The app's middleware has already read the body and refused (R2) one that is not a UTF-8
-    JSON object nested at most 64 deep; the read here returns the bytes aiohttp kept.
+    The app's middleware has already read the body (at most 1 MiB) and refused (R2) one that
+    is not a UTF-8 JSON object nested at most 64 deep; the read here returns the bytes aiohttp
+    kept.
     """
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise PayloadTooLarge("request body is over 1 MiB", limit=MAX_BODY_BYTES)
     try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise PayloadTooLarge("request body is over 1 MiB", limit=MAX_BODY_BYTES) from None
-    try:
-        return msgspec.json.decode(raw, type=schema)
+        return msgspec.json.decode(await request.read(), type=schema)
     except msgspec.ValidationError as exc:
         field, message = field_of(exc)
         raise InvalidInput(message, field=field or None) from None
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        # Without the middleware's screen (R2) these would be a 500: never let them be.
-        raise InvalidInput("the body is not valid JSON") from None
