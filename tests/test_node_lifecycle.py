@@ -5,10 +5,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 
 from controlplane.app import make_app
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import PassStats, reconcile_pass
+from controlplane.capacity.reconciler import PassStats, isolated, reconcile_pass
 from controlplane.config import Config
 from controlplane.storage.db import Store
 from shared.inventory import Inventory
@@ -370,3 +371,48 @@ async def test_r5_failures_are_counted_in_the_metrics(aiohttp_client: Any, tmp_p
         await asyncio.sleep(0.05)
     assert seen >= 2
     assert execute(config.db_path, "SELECT state FROM nodes") == [("quarantined",)]
+
+
+async def test_r5_a_report_into_a_pool_whose_policy_no_longer_parses_is_taken(
+    api: Api, db: Path
+) -> None:
+    """R5: on the report path too: a lost node of a pool whose stored policy no longer parses
+    reports back (and then a changed inventory): each report is taken (200, liveness, the
+    inventory), and the node is quarantined with the reason instead of lost forever."""
+    pool, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    execute(
+        db,
+        'UPDATE pools SET policy = \'{"hugepages": "lots"}\', version = version + 1 WHERE id = ?',
+        (pool,),
+    )
+    execute(db, "UPDATE nodes SET state = 'lost'")
+    status, answer = await report(api, node, recorded("dgx-h100-01"))
+    assert status == 200, answer
+    state, reason = execute(db, "SELECT state, state_reason FROM nodes")[0]
+    assert state == "quarantined" and reason.startswith("cannot be reconciled: policy")
+    bigger = replace(recorded("dgx-h100-01"), memory_total_bytes=2**41)
+    status, answer = await report(api, node, bigger)
+    assert status == 200, answer
+    view = await node_view(api, node)
+    assert view["inventory"]["memoryTotalBytes"] == 2**41 and view["state"] == "quarantined"
+
+
+def test_r5_a_pass_stops_when_sqlite_has_rolled_the_whole_transaction_back(
+    tmp_path: Path,
+) -> None:
+    """R5: isolation is per savepoint only while the transaction lives: when SQLite itself
+    rolled it all back (disk full, I/O error), the failure stops the pass instead of the rest
+    of it running in autocommit."""
+
+    def torn(db: Any) -> None:
+        db.execute("ROLLBACK")  # what SQLITE_FULL or SQLITE_IOERR do to the transaction
+        raise RuntimeError("disk full")
+
+    store = Store(tmp_path / "bc.db")
+    try:
+        with pytest.raises(Exception, match=r"disk full|no transaction"):
+            store.transact(lambda db: isolated(db, "node", "node_x", torn, db))
+        assert store.transact(lambda db: isolated(db, "node", "node_x", lambda: 7)) == 7
+    finally:
+        store.close()

@@ -77,6 +77,8 @@ def isolated(
         with savepoint(db):
             return fn(*args)
     except Exception as exc:
+        if not db.conn.in_transaction:
+            raise  # SQLite rolled the whole transaction back (disk full, I/O): stop the pass
         log.exception(f"{what} could not be reconciled", id=what_id)
         return Failed(str(exc) or repr(exc))
 
@@ -230,9 +232,20 @@ def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
     return writes
 
 
-def reconcile_one(db: sqlite_utils.Database, node_id: str) -> int:
-    """Right after a join or a changed inventory: the node's rows, in the caller's transaction."""
-    return sum(reconcile_node(db, node) for node in node_sql.reconcile_row(db, node_id))
+def reconcile_isolated(db: sqlite_utils.Database, node: dict[str, Any]) -> int | Failed:
+    """One node's rows in a savepoint (R5); a node that cannot be reconciled is quarantined
+    with the reason instead, and the caller's other writes stay."""
+    written = isolated(db, "node", node["id"], reconcile_node, db, node)
+    if isinstance(written, Failed):
+        isolated(db, "node", node["id"], quarantine_unreconcilable, db, node, written.error)
+    return written
+
+
+def reconcile_one(db: sqlite_utils.Database, node_id: str) -> None:
+    """Right after a join or a report: the node's rows, in the caller's transaction, isolated
+    as in a pass so a broken pool policy never refuses the report itself (R5)."""
+    for node in node_sql.reconcile_row(db, node_id):
+        reconcile_isolated(db, node)
 
 
 def reconcile_pass(
@@ -267,10 +280,9 @@ def reconcile_pass(
         )
     stats.nodes_lost = len(silent)
     for node in node_sql.stale_nodes(db):
-        written = isolated(db, "node", node["id"], reconcile_node, db, node)
+        written = reconcile_isolated(db, node)
         if isinstance(written, Failed):
             stats.failures += 1
-            isolated(db, "node", node["id"], quarantine_unreconcilable, db, node, written.error)
         else:
             stats.rows_written += written
             stats.nodes_recomputed += 1
