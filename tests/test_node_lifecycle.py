@@ -409,10 +409,16 @@ def test_r5_a_pass_stops_when_sqlite_has_rolled_the_whole_transaction_back(
         db.execute("ROLLBACK")  # what SQLITE_FULL or SQLITE_IOERR do to the transaction
         raise RuntimeError("disk full")
 
+    def pass_(db: Any) -> None:
+        isolated(db, "node", "node_x", torn, db)
+        db.execute("INSERT INTO t VALUES (1)")  # the rest of a pass, with no transaction left
+
     store = Store(tmp_path / "bc.db")
     try:
+        store.transact(lambda db: db.execute("CREATE TABLE t (x)"))
         with pytest.raises(Exception, match=r"disk full|no transaction"):
-            store.transact(lambda db: isolated(db, "node", "node_x", torn, db))
+            store.transact(pass_)
+        assert store.reader.execute("SELECT count(*) FROM t").fetchone() == (0,)
         assert store.transact(lambda db: isolated(db, "node", "node_x", lambda: 7)) == 7
     finally:
         store.close()
