@@ -27,9 +27,8 @@ import structlog
 
 from agent.apply import Applier
 from agent.client import ControlPlane, Refused, Unreachable
-from agent.state import NodeCredential, State
+from agent.state import NodeCredential, State, units_of
 from shared.inventory import Inventory
-from shared.nodespec import NodeSpecUnits
 from shared.sdnotify import Notifier
 
 log = structlog.get_logger("agent")
@@ -133,6 +132,7 @@ class Agent:
         spec = self.state.spec()
         if spec is None or spec.get("version") != answer["specVersion"]:
             spec = self.client.spec(credential.token, credential.node_id)
+            units_of(spec)  # one this agent cannot read is refused here, never kept (R9)
             self.state.save_spec(spec)
             log.info("new spec", version=spec["version"], dry_run=self.settings.dry_run)
         if self.apply(spec):
@@ -145,16 +145,7 @@ class Agent:
         """
         if self.applier is None or spec is None:
             return False
-        units = msgspec.convert(
-            {
-                "version": spec["version"],
-                "units": spec.get("units", []),
-                "reboot": spec.get("reboot", False),
-            },
-            NodeSpecUnits,
-            strict=False,
-        )
-        applied = msgspec.to_builtins(self.applier.apply(units))
+        applied = msgspec.to_builtins(self.applier.apply(units_of(spec)))
         if applied == self.applied:
             return False
         self.applied = applied

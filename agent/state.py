@@ -20,6 +20,7 @@ import msgspec
 import structlog
 
 from shared.files import atomic_write, write_secret
+from shared.nodespec import NodeSpecUnits
 
 log = structlog.get_logger("agent")
 
@@ -53,6 +54,19 @@ def set_aside(path: Path, error: str) -> Path:
     os.chmod(aside, SECRET_MODE)  # it may hold a token
     log.error("damaged state file moved aside", path=str(path), moved_to=str(aside), error=error)
     return aside
+
+
+def units_of(spec: dict[str, Any]) -> NodeSpecUnits:
+    """The units a NodeSpec carries, as the applier takes them; ValidationError if unreadable."""
+    return msgspec.convert(
+        {
+            "version": spec["version"],
+            "units": spec.get("units", []),
+            "reboot": spec.get("reboot", False),
+        },
+        NodeSpecUnits,
+        strict=False,
+    )
 
 
 class State:
@@ -109,6 +123,13 @@ class State:
             return None
         if not isinstance(found, dict) or not isinstance(found.get("version"), str):
             set_aside(path, "not a NodeSpec: an object with a string version")
+            return None
+        try:
+            units_of(found)
+        except msgspec.ValidationError as exc:
+            # A spec whose units cannot be read would fail every cycle, and with its version
+            # still current it would never be fetched again (R9): set it aside, fetch anew.
+            set_aside(path, f"not a NodeSpec: {exc}")
             return None
         return found
 

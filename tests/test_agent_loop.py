@@ -156,13 +156,29 @@ def test_a_spec_it_cannot_read_does_not_stop_the_agent(tmp_path: Path) -> None:
     assert stop.is_set()
 
 
-def test_a_kept_spec_it_cannot_apply_does_not_stop_the_agent_while_away(tmp_path: Path) -> None:
-    """R9: a kept spec with a unit kind this agent does not know, control plane away: no exit."""
-    loop, state = agent(tmp_path, AwayControlPlane())
-    state.save_spec({"version": "s2", "units": [{"id": "u", "kind": "teleport"}]})
+def test_a_kept_spec_it_cannot_read_is_moved_aside_and_fetched_again(tmp_path: Path) -> None:
+    """R9: a kept spec whose units this agent cannot read (a unit kind it does not know, units
+    that are no list) is moved aside once, even while its version is current, and fetched
+    again; a spec it cannot read from the control plane is never kept."""
+    for damaged in (
+        {"version": SPEC["version"], "units": [{"id": "u", "kind": "teleport"}]},
+        {"version": SPEC["version"], "units": "garbage"},
+    ):
+        loop, state = agent(tmp_path, WorkingControlPlane())
+        state.save_spec(damaged)
+        with structlog.testing.capture_logs() as logs:
+            run_for(loop)  # returns when stopped: nothing escaped
+        moved = [e for e in logs if e["event"] == "damaged state file moved aside"]
+        assert len(moved) == 1, logs
+        assert state.spec() == SPEC
+        assert (tmp_path / "root/etc/bc.conf").read_text() == "x\n"
+        for aside in (tmp_path / "state").glob("spec.json.damaged-*"):
+            aside.unlink()
+    loop, state = agent(tmp_path / "odd", OddControlPlane())
     with structlog.testing.capture_logs() as logs:
-        run_for(loop)  # returns when stopped: nothing escaped
-    assert "cannot apply the kept spec" in [entry["event"] for entry in logs]
+        run_for(loop)
+    assert state.spec() is None
+    assert not list((tmp_path / "odd" / "state").glob("spec.json.damaged-*"))
 
 
 def test_a_kept_spec_that_is_not_a_spec_is_moved_aside_while_away(tmp_path: Path) -> None:
