@@ -132,6 +132,8 @@ async def test_r1_every_method_refuses_a_credential_denied_its_action(api: Api, 
         )
         assert status in (403, 404), (method.path, status, answer)
         assert answer["error"]["code"] in ("NOT_FOUND", "PERMISSION_DENIED"), method.path
+        if status == 403:  # refused by this deny, not by another rule (admin-only credentials)
+            assert answer["error"]["details"].get("action") == method.access.action, answer
         assert everything(db) == before, method.path
     # The same walk's reads, with nothing denied, are answered: the refusals above were the deny.
     allowed = await api.token_for("acme", [ALLOW_ALL])
@@ -232,3 +234,24 @@ async def test_r1_every_operation_describes_its_decision(api: Api) -> None:
     for method in ALL_METHODS:
         operation = document["paths"][method.path]["post"]
         assert operation["description"] == f"Authorization: {method.access.describe()}."
+
+
+async def test_r1_lists_never_show_a_pool_the_credential_may_not_read(api: Api) -> None:
+    """R1, L1: a credential allowed everything but compute:pools:read on H100 pools sees no
+    trace of acme's H100 pool in events/list, reservations/list or quotas/list, as pools/get
+    answers NOT_FOUND and pools/list leaves it out."""
+    w = await world(api)
+    hidden = {
+        "effect": "deny",
+        "actions": ["compute:pools:read"],
+        "resources": ["compute-pool"],
+        "conditions": {"gpuModel": ["H100"]},
+    }
+    token = await api.token_for("acme", [ALLOW_ALL, hidden])
+    acme = {"tenantId": "acme"}
+    await api.err("compute/pools/get", {**acme, "poolId": w["pool"]}, "NOT_FOUND", "poolId", token)
+    assert (await api.ok("compute/pools/list", acme, token))["items"] == []
+    events = (await api.ok("compute/events/list", acme, token))["items"]
+    assert events and all(e["poolId"] != w["pool"] for e in events)
+    assert (await api.ok("compute/reservations/list", acme, token))["items"] == []
+    assert (await api.ok("compute/quotas/list", acme, token))["items"] == []

@@ -221,16 +221,23 @@ def _reservation_pool(
 ) -> None:
     """A reservation is decided on its pool as the pool is now, also once the tenant's offer
     is gone (it may still read and end what it holds there); NOT_FOUND when refused."""
-    attrs = pool_sql.attrs_for(db, reservation["tenant_id"], [reservation["pool_id"]])
-    if not decide(principal, action, "compute-pool", attrs.get(reservation["pool_id"])):
+    found = pool_sql.attrs_for(db, reservation["tenant_id"], [reservation["pool_id"]])
+    if not decide(principal, action, "compute-pool", authz_attrs(found[0])):
         raise NotFound("reservation not found", field="reservationId")
 
 
 def readable_pools(
     db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_ids: set[str], action: str
 ) -> set[str]:
-    """The pools among ``pool_ids`` on which ``action`` is allowed: a list's per-item decision."""
+    """The pools among ``pool_ids`` whose items a list may show: the credential may read the
+    pool (L1) and take the list's action on it, so a list never reveals a pool that
+    pools/get would answer NOT_FOUND (R1)."""
     if principal.is_admin:
         return pool_ids
-    attrs = pool_sql.attrs_for(db, tenant_id, pool_ids)
-    return {p for p in pool_ids if decide(principal, action, "compute-pool", attrs.get(p))}
+    rows = {row["id"]: authz_attrs(row) for row in pool_sql.attrs_for(db, tenant_id, pool_ids)}
+    return {
+        pool_id
+        for pool_id in pool_ids
+        if decide(principal, "compute:pools:read", "compute-pool", rows.get(pool_id))
+        and decide(principal, action, "compute-pool", rows.get(pool_id))
+    }

@@ -4,8 +4,8 @@ import msgspec
 import sqlite_utils
 from msgspec import UNSET
 
-from controlplane.iam.decide import Principal, decide
-from controlplane.services.access import authz_attrs, owned_pool
+from controlplane.iam.decide import Principal
+from controlplane.services.access import owned_pool, readable_pools
 from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
@@ -158,11 +158,13 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
 
 def list_quotas(db: sqlite_utils.Database, principal: Principal, req: QuotasList) -> QuotaList:
     """The caller tenant's own rows, on pools it can still see."""
-    visible = {
-        pool["id"]
-        for pool in pool_sql.visible_pools(db, req.tenant_id)
-        if decide(principal, "compute:quotas:read", "compute-pool", authz_attrs(pool))
-    }
+    visible = readable_pools(
+        db,
+        principal,
+        req.tenant_id,
+        {pool["id"] for pool in pool_sql.visible_pools(db, req.tenant_id)},
+        "compute:quotas:read",
+    )
     if req.pool_id is not UNSET:
         if req.pool_id not in visible:
             raise NotFound("pool not found", field="poolId")

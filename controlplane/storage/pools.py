@@ -72,28 +72,21 @@ def visible_pools(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, A
 
 def attrs_for(
     db: sqlite_utils.Database, tenant_id: str, pool_ids: Iterable[str]
-) -> dict[str, dict[str, Any]]:
-    """The authz attributes of pools as they are now, for ``tenant_id``, whether or not the
-    tenant still has an authz row (its reservations and events outlive an offer)."""
+) -> list[dict[str, Any]]:
+    """Pools' authz columns as they are now for ``tenant_id`` (the names an authz row reads
+    under), whether or not the tenant still has an authz row: its reservations and events
+    outlive an offer."""
     ids = list(pool_ids)
     if not ids:
-        return {}
-    found = rows(
+        return []
+    return rows(
         db,
-        "SELECT p.id, p.gpu_model, p.class, p.sharing, s.region, p.owner_tenant_id = ? AS owned "
-        f"FROM pools p JOIN sites s ON s.id = p.site_id WHERE p.id IN ({', '.join('?' * len(ids))})",
+        "SELECT p.id, p.gpu_model AS authz_gpu_model, p.class AS authz_class, "
+        "p.sharing AS authz_sharing, s.region AS authz_region, "
+        "p.owner_tenant_id = ? AS authz_owned FROM pools p JOIN sites s ON s.id = p.site_id "
+        f"WHERE p.id IN ({', '.join('?' * len(ids))})",
         [tenant_id, *ids],
     )
-    return {
-        row["id"]: {
-            "gpuModel": row["gpu_model"],
-            "class": row["class"],
-            "sharing": row["sharing"],
-            "region": row["region"],
-            "owned": bool(row["owned"]),
-        }
-        for row in found
-    }
 
 
 def put_authz(
