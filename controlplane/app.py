@@ -26,7 +26,7 @@ from controlplane.config import MAX_BODY_BYTES, Config
 from controlplane.iam.decide import Principal
 from controlplane.runtime import Runtime
 from controlplane.services.access import authorize
-from controlplane.services.iam import authenticate, bootstrap
+from controlplane.services.iam import authenticate, bootstrap, still_live
 from controlplane.services.nodes import authenticate_node
 from controlplane.storage.db import Store
 from controlplane.storage.migrations import MIGRATIONS
@@ -303,6 +303,22 @@ def identify(
     return None
 
 
+def decide_in(
+    db: sqlite_utils.Database, method: Method, token: str | None, caller: Any, body: Any
+) -> None:
+    """At the start of each of a mutation's transactions: the caller's credential is still
+    live (a revocation committed meanwhile refuses it) and the method's decision holds."""
+    if token is not None:
+        live = (
+            still_live(db, token)
+            if method.auth == "credential"
+            else (authenticate_node(db, token) or {}).get("id") == caller["id"]
+        )
+        if not live:
+            raise Unauthenticated("unknown, revoked or expired credential")
+    authorize(db, caller, method.access, body)
+
+
 def method_handler(method: Method) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         runtime = request.app[RUNTIME]
@@ -320,7 +336,7 @@ def method_handler(method: Method) -> Handler:
                 # Refused here without the writer's time, and decided for a write that ends
                 # without a transaction (an unchanged report); again inside each transaction.
                 authorize(db, caller, method.access, body)
-            store = runtime.db.gated(lambda db: authorize(db, caller, method.access, body))
+            store = runtime.db.gated(lambda db: decide_in(db, method, token, caller, body))
             answer = await method.call.fn(store, runtime, caller, body)
         return json_response(answer)
 

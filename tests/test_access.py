@@ -1,16 +1,18 @@
 """R1: every method of the table makes its own IAM decision, also inside the caller's tenant."""
 
+import asyncio
 import dataclasses
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from controlplane.api.method import Method
-from controlplane.app import ALL_METHODS
+from controlplane.app import ALL_METHODS, RUNTIME
 from controlplane.services.access import Access
-from tests.conftest import Api
+from tests.conftest import Api, execute
 from tests.nodes import joined, recorded, twin, wire
 
 ALLOW_ALL: dict[str, Any] = {"effect": "allow", "actions": ["*"], "resources": ["*"]}
@@ -255,3 +257,29 @@ async def test_r1_lists_never_show_a_pool_the_credential_may_not_read(api: Api) 
     assert events and all(e["poolId"] != w["pool"] for e in events)
     assert (await api.ok("compute/reservations/list", acme, token))["items"] == []
     assert (await api.ok("compute/quotas/list", acme, token))["items"] == []
+
+
+async def test_b5_a_write_queued_behind_its_credentials_revocation_is_refused(
+    api: Api, db: Path
+) -> None:
+    """B5, R1: a mutation authenticated on the reader but queued on the writer behind the
+    revocation of its credential is refused inside its transaction (UNAUTHENTICATED), never
+    committed after the revocation was acknowledged."""
+    await api.tenant("acme")
+    created = await api.ok("iam/credentials/create", {"tenantId": "acme"})
+    store = api.client.app[RUNTIME].db
+    busy = asyncio.ensure_future(store.write(lambda _: time.sleep(0.5)))  # the writer is busy
+    await asyncio.sleep(0.05)
+    revoke = asyncio.ensure_future(
+        api.call(
+            "iam/credentials/revoke",
+            {"tenantId": "acme", "credentialId": created["credentialId"]},
+        )
+    )
+    await asyncio.sleep(0.1)  # the revocation is queued first
+    body = {"tenantId": "acme", "name": "late", "region": "eu", "kind": "custom"}
+    status, answer = await api.call("compute/sites/create", body, created["token"])
+    await busy
+    assert (await revoke)[0] == 200
+    assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED"), answer
+    assert execute(db, "SELECT count(*) FROM sites WHERE name = 'late'") == [(0,)]

@@ -80,6 +80,12 @@ def authenticate(db: sqlite_utils.Database, token: str, cache: CredentialCache) 
     return principal
 
 
+def still_live(db: sqlite_utils.Database, token: str) -> bool:
+    """Whether the credential is live in this transaction, past any cache: a mutation never
+    commits after its credential's revocation was acknowledged (B5)."""
+    return iam_sql.credential_by_hash(db, token_hash(token)) is not None
+
+
 async def create_tenant(store: Store, principal: Principal, req: TenantsCreate) -> TenantView:
     parent = None if req.parent_tenant_id is UNSET else req.parent_tenant_id
     name = None if req.name is UNSET else req.name
