@@ -47,7 +47,8 @@ def test_r7_database_files_are_0600_and_a_new_directory_0700_under_umask_022(
     tmp_path: Path, umask_022: None
 ) -> None:
     """R7: under umask 022 the database, its -wal and -shm are 0600 and the directory made
-    for them 0700; an existing wider file is tightened on start."""
+    for them 0700; an existing wider file and directory are tightened on start, a shared
+    (sticky) directory is not."""
     path = tmp_path / "state" / "bc.db"
     store = Store(path)
     try:
@@ -58,8 +59,14 @@ def test_r7_database_files_are_0600_and_a_new_directory_0700_under_umask_022(
     finally:
         store.close()
     path.chmod(0o644)
+    path.parent.chmod(0o755)
     Store(path).close()
-    assert mode(path) == 0o600
+    assert mode(path) == 0o600 and mode(path.parent) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: not ours to narrow
+    Store(shared / "bc.db").close()
+    assert mode(shared) == 0o1777 and mode(shared / "bc.db") == 0o600
 
 
 def test_r7_the_daemon_keeps_its_files_private_under_umask_022(

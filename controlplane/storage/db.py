@@ -9,6 +9,7 @@ lets run beside the writer.
 import asyncio
 import copy
 import os
+import stat
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
@@ -54,11 +55,18 @@ def connect(path: Path, durability: Durability = "full") -> sqlite_utils.Databas
 
 
 def _private_files(path: Path) -> None:
-    """R7: the database and its -wal/-shm files 0600, a directory made for them 0700,
-    whatever the umask (an existing directory is the operator's and left as it is)."""
-    if not path.parent.exists():
-        path.parent.mkdir(parents=True, mode=PRIVATE_DIR)
-        path.parent.chmod(PRIVATE_DIR)
+    """R7: the database and its -wal/-shm files 0600 and their directory 0700, whatever the
+    umask. An existing directory is tightened when this process owns it and it is not a
+    shared one (sticky, like /tmp): a directory the operator shares stays as they made it."""
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR)
+    found = directory.stat()
+    if (
+        found.st_uid == os.geteuid()
+        and not found.st_mode & stat.S_ISVTX
+        and stat.S_IMODE(found.st_mode) != PRIVATE_DIR
+    ):
+        directory.chmod(PRIVATE_DIR)
     os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE_FILE))
     for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
         if file.exists() and file.stat().st_mode & 0o777 != PRIVATE_FILE:
