@@ -117,7 +117,8 @@ class Access:
     """The IAM decision a method makes before its service runs: an action on the resource
     its body names. Every method in the table declares one, so none can skip it (R1).
 
-    ``items``: a list, whose every item is decided again on its own pool (L1, R1).
+    ``items``: a list, whose service decides every item again on its own pool with
+    ``readable_pools`` (L1, R1); the flag publishes that in the catalogue.
     ``keyed``: an idempotent create; a retry whose key already made an object is decided
     as a read of that object, not as a second create (P4).
     """

@@ -9,8 +9,8 @@ lets run beside the writer.
 import asyncio
 import copy
 import os
-import stat
 import sqlite3
+import stat
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
