@@ -331,11 +331,11 @@ def method_handler(method: Method) -> Handler:
                 authorize(db, caller, method.access, body)
                 answer = method.call.fn(db, caller, body, runtime)
         else:
-            with runtime.db.snapshot() as db:
-                caller = identify(method, db, token, request, runtime)
-                # Refused here without the writer's time, and decided for a write that ends
-                # without a transaction (an unchanged report); again inside each transaction.
-                authorize(db, caller, method.access, body)
+            # On the reader, outside a transaction (each statement sees the latest commit):
+            # a refusal costs no writer time, and a write that ends without a transaction (an
+            # unchanged report) is decided too; decided again inside each transaction.
+            caller = identify(method, runtime.db.reader, token, request, runtime)
+            authorize(runtime.db.reader, caller, method.access, body)
             store = runtime.db.gated(lambda db: decide_in(db, method, token, caller, body))
             answer = await method.call.fn(store, runtime, caller, body)
         return json_response(answer)
