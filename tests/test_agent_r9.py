@@ -83,7 +83,7 @@ def mode(path: Path) -> int:
     return path.stat().st_mode & 0o777
 
 
-async def test_a_damaged_credential_is_moved_aside_and_the_host_joins_again(
+async def test_r9_a_damaged_credential_is_moved_aside_and_the_host_joins_again(
     daemon: Daemon,
 ) -> None:
     """R9: a torn node.json is moved aside with one log line naming it; the agent joins again."""
@@ -103,7 +103,7 @@ async def test_a_damaged_credential_is_moved_aside_and_the_host_joins_again(
     assert [n["id"] for n in await nodes_of(daemon, pool)] == [node["id"]]
 
 
-async def test_no_watchdog_pings_while_the_agent_cannot_join(
+async def test_r9_no_watchdog_pings_while_the_agent_cannot_join(
     daemon: Daemon, fake_systemd: FakeSystemd
 ) -> None:
     """R9: damaged credential and a refused join: no WATCHDOG=1 while it retries; pings once joined."""
@@ -136,7 +136,7 @@ async def test_no_watchdog_pings_while_the_agent_cannot_join(
             agent.wait()
 
 
-async def test_a_damaged_kept_spec_while_the_control_plane_is_away_is_moved_aside(
+async def test_r9_a_damaged_kept_spec_while_the_control_plane_is_away_is_moved_aside(
     daemon: Daemon,
 ) -> None:
     """R9: an unparseable spec.json with the control plane away: moved aside once, no exit; refetched."""
@@ -167,7 +167,7 @@ async def test_a_damaged_kept_spec_while_the_control_plane_is_away_is_moved_asid
     assert len(events(log, DAMAGED)) == 1
 
 
-async def test_an_existing_state_directory_is_tightened_and_its_secrets_are_0600(
+async def test_r7_an_existing_state_directory_is_tightened_and_its_secrets_are_0600(
     daemon: Daemon,
 ) -> None:
     """R7: under umask 022 a state directory made 0755 becomes 0700; node.json and spec.json 0600."""
@@ -182,7 +182,7 @@ async def test_an_existing_state_directory_is_tightened_and_its_secrets_are_0600
     assert mode(state / "spec.json") == 0o600
 
 
-async def test_a_refused_credential_joins_again_and_a_refused_join_is_retried(
+async def test_h8_a_refused_credential_joins_again_and_a_refused_join_is_retried(
     daemon: Daemon,
 ) -> None:
     """H8: a 401 on the credential with a spent join token: the agent retries, never exits; joins with a new one."""

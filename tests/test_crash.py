@@ -51,7 +51,7 @@ def crashed(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Any, 
     return crash, crash.run(options), workdir
 
 
-def test_kill_9_loses_no_acknowledged_write(crashed: tuple[ModuleType, Any, Path]) -> None:
+def test_r7_kill_9_loses_no_acknowledged_write(crashed: tuple[ModuleType, Any, Path]) -> None:
     crash, result, _ = crashed
     assert result.violations == [], "\n".join(crash.summary(result))
     assert result.rounds == 2
@@ -63,7 +63,7 @@ def test_kill_9_loses_no_acknowledged_write(crashed: tuple[ModuleType, Any, Path
     assert result.checks > 1000
 
 
-def test_the_audit_flags_a_damaged_database(
+def test_r7_the_audit_flags_a_damaged_database(
     crashed: tuple[ModuleType, Any, Path], tmp_path: Path
 ) -> None:
     crash, result, workdir = crashed

@@ -70,7 +70,7 @@ def nested(depth: int) -> bytes:
     return b'{"tenantId":"root","policy":{"x":' + inner + b"}}"
 
 
-async def test_bad_utf8_is_invalid_input_for_any_method_also_unauthenticated(api: Api) -> None:
+async def test_r2_bad_utf8_is_invalid_input_for_any_method_also_unauthenticated(api: Api) -> None:
     """R2: a body that is not UTF-8 is 400 INVALID_INPUT on every method, with or without a token."""
     for path in PATHS:
         for auth in (True, False):
@@ -79,7 +79,7 @@ async def test_bad_utf8_is_invalid_input_for_any_method_also_unauthenticated(api
             assert "UTF-8" in error["message"]
 
 
-async def test_nesting_deeper_than_64_is_invalid_input_before_authentication(api: Api) -> None:
+async def test_r2_nesting_deeper_than_64_is_invalid_input_before_authentication(api: Api) -> None:
     """R2: JSON nested 65 or ~990+ levels deep is 400 INVALID_INPUT (never a RecursionError 500)."""
     for depth in (MAX_DEPTH + 1, 990, 5000):
         for path in PATHS:
@@ -92,7 +92,7 @@ async def test_nesting_deeper_than_64_is_invalid_input_before_authentication(api
         invalid_input(*await post(api, "compute/pools/list", raw, auth=False))
 
 
-async def test_nesting_of_64_levels_passes_the_screen(api: Api) -> None:
+async def test_r2_nesting_of_64_levels_passes_the_screen(api: Api) -> None:
     """R2: 64 levels is allowed; brackets inside strings are text, not nesting."""
     site = await api.site()
     body = nested(MAX_DEPTH).replace(b'"root",', b'"root","siteId":"%s",' % site.encode())
@@ -105,7 +105,7 @@ async def test_nesting_of_64_levels_passes_the_screen(api: Api) -> None:
     assert json_depth(b"{}") == 1 and json_depth(b"") == 0
 
 
-async def test_not_json_or_not_an_object_is_invalid_input_without_a_token(api: Api) -> None:
+async def test_r2_not_json_or_not_an_object_is_invalid_input_without_a_token(api: Api) -> None:
     """R2: a body that is not JSON, or JSON but not an object, is 400 before authentication."""
     for raw in (
         b"",
@@ -122,7 +122,7 @@ async def test_not_json_or_not_an_object_is_invalid_input_without_a_token(api: A
             invalid_input(*await post(api, path, raw, auth=False))
 
 
-async def test_a_second_authorization_header_is_invalid_input(api: Api) -> None:
+async def test_r2_a_second_authorization_header_is_invalid_input(api: Api) -> None:
     """R2: two Authorization headers are 400 INVALID_INPUT, on a method and on any other path."""
     two = [("Authorization", f"Bearer {api.token}")]
     status, body, headers = await post(api, "compute/pools/list", b'{"tenantId":"root"}', extra=two)
@@ -134,7 +134,7 @@ async def test_a_second_authorization_header_is_invalid_input(api: Api) -> None:
     invalid_input(response.status, await response.json(), response.headers)
 
 
-async def test_a_content_type_other_than_json_is_invalid_input(api: Api) -> None:
+async def test_r2_a_content_type_other_than_json_is_invalid_input(api: Api) -> None:
     """R2: form, text, octet-stream, a missing type or a non-UTF-8 charset are INVALID_INPUT."""
     good = b'{"tenantId":"root"}'
     refused = (
@@ -167,7 +167,7 @@ async def test_a_content_type_other_than_json_is_invalid_input(api: Api) -> None
         assert status == 200, (content_type, body)
 
 
-async def test_a_405_carries_allow(api: Api) -> None:
+async def test_r2_a_405_carries_allow(api: Api) -> None:
     """R2: a 405 answer names the methods the path takes in Allow."""
     response = await api.client.get("/api/compute/pools/list")
     invalid_input(response.status, await response.json(), response.headers, expected=405)
@@ -177,7 +177,7 @@ async def test_a_405_carries_allow(api: Api) -> None:
     assert set(response.headers["Allow"].split(", ")) == {"GET", "HEAD"}
 
 
-def test_readme_and_the_cli_send_json() -> None:
+def test_r2_readme_and_the_cli_send_json() -> None:
     """R2: the README's curl examples and the shared client send Content-Type: application/json."""
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     curls = [line for line in readme.splitlines() if "curl " in line and " -d" in line]
@@ -223,7 +223,7 @@ def _body_and_field(steps: tuple[tuple[str, str], ...], value: Any) -> tuple[Any
     return body, field
 
 
-async def test_openapi_integers_are_integers_and_the_server_refuses_floats(api: Api) -> None:
+async def test_r2_openapi_integers_are_integers_and_the_server_refuses_floats(api: Api) -> None:
     """R2: every integer of every request schema says integer (no number, no float bound) in the
     OpenAPI document, and the server refuses 87.0 there with INVALID_INPUT naming the field."""
     document = await (await api.client.get("/api/openapi.json")).json()
@@ -321,7 +321,7 @@ CONTENT_TYPES = st.sampled_from(
     ),
     verb=st.sampled_from(["POST"] * 8 + ["GET", "PUT", "DELETE"]),
 )
-def test_no_input_yields_a_500(
+def test_r2_no_input_yields_a_500(
     fuzz_daemon: Daemon,
     path: str,
     body: bytes,
@@ -354,7 +354,7 @@ def test_no_input_yields_a_500(
         assert set(error) == SHAPE and error["requestId"] == response.getheader("X-Request-Id")
 
 
-def test_broken_chunked_bodies_are_not_a_500(fuzz_daemon: Daemon) -> None:
+def test_r2_broken_chunked_bodies_are_not_a_500(fuzz_daemon: Daemon) -> None:
     """R2: a chunked body with a bad chunk size, or cut short, is answered 400, not 500."""
     head = (
         b"POST /api/compute/pools/list HTTP/1.1\r\nHost: x\r\n"
@@ -373,7 +373,7 @@ def test_broken_chunked_bodies_are_not_a_500(fuzz_daemon: Daemon) -> None:
     assert "Traceback" not in fuzz_daemon.log.read_text()
 
 
-def test_bad_bodies_leave_no_traceback_in_the_log(fuzz_daemon: Daemon) -> None:
+def test_r2_bad_bodies_leave_no_traceback_in_the_log(fuzz_daemon: Daemon) -> None:
     """R2: the bodies that used to be 500s (bad UTF-8, 990 levels deep) log a 400, no traceback."""
     for raw in (b'{"tenantId":"\xff"}', nested(990)):
         connection = http.client.HTTPConnection("127.0.0.1", fuzz_daemon.port, timeout=10)
@@ -404,7 +404,7 @@ def quick_daemon(tmp_path: Path) -> Iterator[Daemon]:
     running.kill()
 
 
-def test_half_sent_request_line_is_closed_within_the_header_timeout(quick_daemon: Daemon) -> None:
+def test_timeouts_half_sent_request_line_is_closed_within_the_header_timeout(quick_daemon: Daemon) -> None:
     """Idle and half-sent-header connections: half a request line or head, then silence, is closed
     within --header-timeout; so is a connection that sends nothing."""
     for partial in (b"POST /api/comp", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: "):
@@ -415,7 +415,7 @@ def test_half_sent_request_line_is_closed_within_the_header_timeout(quick_daemon
         assert _closed_after(sock, 5) < 1.4  # a connection that never sends a byte
 
 
-def test_idle_keepalive_connection_is_closed_after_the_keepalive_timeout(
+def test_timeouts_idle_keepalive_connection_is_closed_after_the_keepalive_timeout(
     quick_daemon: Daemon,
 ) -> None:
     """Idle and half-sent-header connections: an idle kept-alive connection closes after
@@ -435,7 +435,7 @@ def test_idle_keepalive_connection_is_closed_after_the_keepalive_timeout(
         assert _closed_after(sock, 5) < 1.2
 
 
-def test_a_slow_body_is_not_a_header_timeout(quick_daemon: Daemon) -> None:
+def test_timeouts_a_slow_body_is_not_a_header_timeout(quick_daemon: Daemon) -> None:
     """Idle and half-sent-header connections: the header timeout times the head only; a slow body
     still gets its answer."""
     body = b'{"tenantId":"root"}'

@@ -21,7 +21,7 @@ def log_lines(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_the_last_request_before_a_sigkill_is_in_the_log(tmp_path: Path) -> None:
+def test_m5_the_last_request_before_a_sigkill_is_in_the_log(tmp_path: Path) -> None:
     """M5: the request line of the last answered request is in the log file after a SIGKILL."""
     daemon = Daemon(tmp_path)
     daemon.start()
@@ -46,7 +46,7 @@ def test_the_last_request_before_a_sigkill_is_in_the_log(tmp_path: Path) -> None
     assert ids == [f"before-kill-{n}" for n in range(20)]
 
 
-async def test_an_incoming_request_id_is_kept_and_echoed(api: Api) -> None:
+async def test_m5_an_incoming_request_id_is_kept_and_echoed(api: Api) -> None:
     """M5: a valid X-Request-Id is the request's id: in the answer header and the error body."""
     for given in ("abc", "trace-01HX.Z:9_a", "a" * 128):
         response = await api.client.post(
@@ -58,7 +58,7 @@ async def test_an_incoming_request_id_is_kept_and_echoed(api: Api) -> None:
         assert response.headers["X-Request-Id"] == given
 
 
-async def test_an_invalid_request_id_is_replaced(api: Api) -> None:
+async def test_m5_an_invalid_request_id_is_replaced(api: Api) -> None:
     """M5: an X-Request-Id that is not ^[A-Za-z0-9._:-]{1,128}$ gets a new id instead."""
     for given in ("", "a" * 129, "has space", "a/b", "x\ty", "semi;colon", '"quoted"'):
         response = await api.client.post(
@@ -69,7 +69,7 @@ async def test_an_invalid_request_id_is_replaced(api: Api) -> None:
         assert (await response.json())["error"]["requestId"] == echoed
 
 
-async def test_every_log_line_of_a_request_carries_its_id(aiohttp_client: Any) -> None:
+async def test_m5_every_log_line_of_a_request_carries_its_id(aiohttp_client: Any) -> None:
     """M5: a handler's own lines, the unhandled-error line and the request line share the id."""
     handler_log = structlog.get_logger("test")
 
@@ -90,7 +90,7 @@ async def test_every_log_line_of_a_request_carries_its_id(aiohttp_client: Any) -
     assert all(e["request_id"] == "r-42" for e in entries)
 
 
-def test_every_daemon_log_line_is_one_json_object(tmp_path: Path) -> None:
+def test_m5_every_daemon_log_line_is_one_json_object(tmp_path: Path) -> None:
     """M5: aiohttp's own lines (a request that is not HTTP) are JSON lines like ours, no traceback."""
     daemon = Daemon(tmp_path)
     daemon.start()
