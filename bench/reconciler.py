@@ -26,10 +26,10 @@ from pathlib import Path
 import msgspec
 
 from agent.inventory import collect_inventory
+from controlplane.capacity.admission import stable_digest
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import reconcile_pass
 from controlplane.capacity.resources import HostFacts
-from controlplane.services.admission import stable_digest
+from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store, now
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"

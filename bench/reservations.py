@@ -23,8 +23,8 @@ from pathlib import Path
 from reconciler import populate  # bench/reconciler.py: the same 100k-node builder
 
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import reconcile_pass
 from controlplane.iam.decide import Principal
+from controlplane.reconciler import reconcile_pass
 from controlplane.services.reservations import create_reservation
 from controlplane.storage.db import Store, now
 from shared import schemas as s

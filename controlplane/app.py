@@ -21,13 +21,13 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from controlplane.api import iam, nodes, pools, quotas, reservations, sites
 from controlplane.api.method import Method, Read, parse_body
 from controlplane.api.openapi import openapi_document
-from controlplane.capacity.reconciler import run_reconciler
 from controlplane.config import MAX_BODY_BYTES, Config
 from controlplane.iam.decide import Principal
+from controlplane.reconciler import run_reconciler
 from controlplane.runtime import Runtime
 from controlplane.services.access import authorize
 from controlplane.services.iam import authenticate, bootstrap, still_live
-from controlplane.services.nodes import authenticate_node
+from controlplane.services.reports import authenticate_node
 from controlplane.storage.db import Store
 from controlplane.storage.migrations import MIGRATIONS
 from shared.errors import (

@@ -9,8 +9,9 @@ import pytest
 
 from controlplane.app import make_app
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import PassStats, isolated, reconcile_pass
+from controlplane.capacity.nodes import isolated
 from controlplane.config import Config
+from controlplane.reconciler import PassStats, reconcile_pass
 from controlplane.storage.db import Store
 from shared.inventory import Inventory
 from tests.conftest import Api, execute

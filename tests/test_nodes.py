@@ -5,7 +5,7 @@ from pathlib import Path
 import msgspec
 
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import reconcile_pass
+from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
 from tests.nodes import (

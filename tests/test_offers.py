@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Any
 
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import reconcile_pass
+from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
 from tests.nodes import held, joined, pool_with_token, recorded

@@ -9,9 +9,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.reconciler import reconcile_pass
 from controlplane.iam.decide import Principal
-from controlplane.services import iam, nodes, pools, reservations, sites
+from controlplane.reconciler import reconcile_pass
+from controlplane.services import iam, joining, pools, reservations, sites
 from controlplane.storage.db import Store
 from shared import schemas as s
 from tests.nodes import DGX_POLICY, recorded
@@ -47,7 +47,7 @@ async def world(store: Store, tmp: Path) -> str:
         ),
         frozenset({"join-token"}),
     )
-    token = await nodes.create_join_token(
+    token = await joining.create_join_token(
         store, ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=pool.id, max_uses=5)
     )
     for machine in ("a", "b"):  # two hosts: their own machine ids and GPU UUIDs
@@ -57,7 +57,7 @@ async def world(store: Store, tmp: Path) -> str:
         join = s.NodesJoin(
             join_token=token.token, attestor="join-token", hostname=f"h{machine}", inventory=host
         )
-        await nodes.join_node(store, join)
+        await joining.join_node(store, join)
     return pool.id
 
 

@@ -1,7 +1,7 @@
 """Node methods: join tokens, join, report, spec, list, get."""
 
 from controlplane.api.method import Method, Read, Write, write
-from controlplane.services import nodes
+from controlplane.services import joining, nodes, reports
 from controlplane.services.access import Access
 from shared import schemas as s
 
@@ -10,7 +10,7 @@ METHODS = (
         "/api/compute/joinTokens/create",
         s.JoinTokensCreate,
         s.JoinTokenCreated,
-        write(nodes.create_join_token),
+        write(joining.create_join_token),
         "A pool-scoped, expiring, limited-use join token (owner only); shown once.",
         Access("compute:nodes:join", "owned-pool"),
     ),
@@ -18,7 +18,7 @@ METHODS = (
         "/api/compute/nodes/join",
         s.NodesJoin,
         s.NodeJoined,
-        Write(lambda store, _rt, _caller, body: nodes.join_node(store, body)),
+        Write(lambda store, _rt, _caller, body: joining.join_node(store, body)),
         "Join a pool with an attestor (join-token: the token in the body); answers the node credential once.",
         Access("compute:nodes:join", "attestor"),
     ),
@@ -26,7 +26,7 @@ METHODS = (
         "/api/compute/nodes/report",
         s.NodesReport,
         s.Reported,
-        Write(lambda store, rt, node, body: nodes.report_node(store, rt.liveness, node, body)),
+        Write(lambda store, rt, node, body: reports.report_node(store, rt.liveness, node, body)),
         "A node reports its inventory (node credential); an unchanged one writes nothing.",
         Access("compute:nodes:report", "own-node"),
     ),
@@ -34,7 +34,7 @@ METHODS = (
         "/api/compute/nodes/spec",
         s.NodesSpec,
         s.NodeSpec,
-        Read(lambda db, node, body, _: nodes.node_spec(db, node, body)),
+        Read(lambda db, node, body, _: reports.node_spec(db, node, body)),
         "The node's desired state (node credential).",
         Access("compute:nodes:spec", "own-node"),
     ),

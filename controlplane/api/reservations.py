@@ -1,7 +1,7 @@
 """Reservation and budget methods."""
 
 from controlplane.api.method import Method, read, write
-from controlplane.services import reservations
+from controlplane.services import budgets, reservations
 from controlplane.services.access import Access
 from shared import schemas as s
 
@@ -42,7 +42,7 @@ METHODS = (
         "/api/compute/budgets/set",
         s.BudgetsSet,
         s.BudgetView,
-        write(reservations.set_budget),
+        write(budgets.set_budget),
         "Set a tenant's GPU-hour budget on a meter such as gpu.h100.hours (root only).",
         Access("compute:budgets:set", "fleet"),
     ),
@@ -50,7 +50,7 @@ METHODS = (
         "/api/compute/budgets/get",
         s.BudgetsGet,
         s.BudgetView,
-        read(reservations.get_budget),
+        read(budgets.get_budget),
         "A tenant's budget and what it has spent.",
         Access("compute:budgets:read", "tenant"),
     ),

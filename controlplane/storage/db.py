@@ -32,6 +32,11 @@ def timestamp(epoch: float) -> str:
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def epoch(at: str) -> float:
+    """A time as the API shows it, back to seconds since the epoch."""
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+
+
 def now() -> str:
     """The current time as the API shows it."""
     return timestamp(time.time())

@@ -1,25 +1,16 @@
-"""The capacity reconciler: node_resources rows and GPU atoms follow inventories and policies.
+"""One node's capacity: its node_resources rows, GPU atoms, NodeSpec and state follow its
+inventory and its pool's policy.
 
 Rows derive only from (inventory, pool policy), so each node remembers the
-inventory revision and pool version its rows were computed from; a pass
+inventory revision and pool version its rows were computed from; the reconciler
 recomputes just the nodes where either moved and rewrites only rows whose
 values changed (N5). A node whose rows are held at what is allocated, or whose
 booked atom vanished, is left stale so every pass looks again until the
 booking ends. A pool's new version also re-decides each node's admission (a
-new gpuModel or acceptance check). Every pass is one transaction on the writer.
-
-Liveness: reports stamp memory only. A pass looks at the nodes whose stored
-stamp is older than the grace period; those seen since (in memory) get their
-stamp written, the others are lost. So a live node's stamp is written about
-once per grace period, and none at all in a pass where no stamp is that old.
-No node is marked lost during the first grace period after a start, when
-memory has not seen the fleet yet.
+new gpuModel or acceptance check). Each node is reconciled in its own savepoint
+(R5), in the caller's transaction: a pass, a join or a report.
 """
-
-import asyncio
-import functools
 import hashlib
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -28,33 +19,19 @@ import msgspec
 import sqlite_utils
 import structlog
 from msgspec import UNSET
-from prometheus_client import Counter
 
-from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.admission import LOST, QUARANTINED, READY, admission
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
-from controlplane.services.admission import LOST, QUARANTINED, READY, admission
-from controlplane.services.reservations import activate, retry_pending
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
-from controlplane.storage import reservations as res_sql
-from controlplane.storage.db import Store, now, savepoint, timestamp
+from controlplane.storage.db import now, savepoint
 from shared.inventory import Inventory
 from shared.nodespec import NodeSpecUnits, RenderRefused
 from shared.policy import Policy, parse_policy
 from shared.render import render
 
-log = structlog.get_logger("controlplane.reconciler")
+log = structlog.get_logger("controlplane.capacity")
 T = TypeVar("T")
-
-
-@dataclass
-class PassStats:
-    nodes_recomputed: int = 0
-    rows_written: int = 0
-    nodes_lost: int = 0
-    stamps_written: int = 0
-    reservations_moved: int = 0
-    failures: int = 0  # nodes and reservations that could not be reconciled (R5)
 
 
 # A quarantine reason is shown to people; an exception's text can be long.
@@ -246,90 +223,3 @@ def reconcile_one(db: sqlite_utils.Database, node_id: str) -> None:
     as in a pass so a broken pool policy never refuses the report itself (R5)."""
     for node in node_sql.reconcile_row(db, node_id):
         reconcile_isolated(db, node)
-
-
-def reconcile_pass(
-    db: sqlite_utils.Database, liveness: Liveness, lost_after: float, may_mark_lost: bool
-) -> PassStats:
-    """One pass: refresh old liveness stamps, mark silent nodes lost, recompute stale nodes."""
-    stats = PassStats()
-    cutoff = time.time() - lost_after
-    seen, silent = [], []
-    for node in node_sql.silent_nodes(db, timestamp(cutoff)):
-        last = liveness.last_epoch(node["id"])
-        if last is not None and last >= cutoff:
-            seen.append((timestamp(last), node["id"]))
-        elif may_mark_lost:
-            silent.append(node)
-    node_sql.touch(db, seen)
-    stats.stamps_written = len(seen)
-    node_sql.mark_lost(db, [node["id"] for node in silent], now())
-    # A lost node's bookings are marked, not silently freed: they run on if it comes back.
-    node_sql.mark_bookings_lost(db, [node["id"] for node in silent])
-    for node in silent:
-        events.append(
-            db,
-            "node.lost",
-            pool_id=node["pool_id"],
-            data={
-                "nodeId": node["id"],
-                "hostname": node["hostname"],
-                "lastSeenAt": node["last_seen_at"],
-            },
-            audience=[node["owner_tenant_id"]],
-        )
-    stats.nodes_lost = len(silent)
-    for node in node_sql.stale_nodes(db):
-        written = reconcile_isolated(db, node)
-        if isinstance(written, Failed):
-            stats.failures += 1
-        else:
-            stats.rows_written += written
-            stats.nodes_recomputed += 1
-    # After the rows, so new capacity places first; each reservation in its own savepoint.
-    at = now()
-    moves = [
-        *(
-            isolated(db, "reservation", r["id"], retry_pending, db, r, at)
-            for r in res_sql.pending(db)
-        ),
-        *(
-            isolated(db, "reservation", r["id"], activate, db, r, liveness.last_epoch)
-            for r in res_sql.placed(db)
-        ),
-    ]
-    stats.reservations_moved += sum(1 for moved in moves if moved is True)
-    stats.failures += sum(1 for moved in moves if isinstance(moved, Failed))
-    return stats
-
-
-async def run_reconciler(
-    store: Store,
-    liveness: Liveness,
-    interval: float,
-    lost_after: float,
-    started: float,
-    failures: Counter,
-) -> None:
-    """Every ``interval`` seconds, one pass; a failed pass is logged and the next one retries."""
-    while True:
-        await asyncio.sleep(interval)
-        may_mark_lost = time.monotonic() - started >= lost_after
-        work = functools.partial(
-            reconcile_pass, liveness=liveness, lost_after=lost_after, may_mark_lost=may_mark_lost
-        )
-        try:
-            stats = await store.write(work)
-        except Exception:
-            failures.inc()
-            log.exception("reconciler pass failed")
-            continue
-        failures.inc(stats.failures)
-        if stats.nodes_recomputed or stats.nodes_lost or stats.reservations_moved:
-            log.info(
-                "reconciled",
-                nodes=stats.nodes_recomputed,
-                rows_written=stats.rows_written,
-                lost=stats.nodes_lost,
-                stamps=stats.stamps_written,
-            )

@@ -1,0 +1,168 @@
+"""Bookings: the placer (first fit over ready, schedulable nodes, booking atoms and rows in the
+caller's transaction), and a live reservation's end (bookings, quota and GPU hours given
+back), with the reservation events both write."""
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import sqlite_utils
+
+from controlplane.capacity.meters import gpu_equivalents, meter_of
+from controlplane.storage import events
+from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
+from controlplane.storage.db import epoch, now
+
+ATOMS = {"exclusive": "gpu", "mig": "gpu.mig", "timeslice": "gpu.slot", "mps": "gpu.slot"}
+
+
+PLACE_CANDIDATES = 32
+
+
+def reservation_event(
+    db: sqlite_utils.Database, kind: str, row: dict[str, Any], owner: str, **data: Any
+) -> None:
+    events.append(
+        db,
+        f"reservation.{kind}",
+        pool_id=row["pool_id"],
+        data={
+            "reservationId": row["id"],
+            "tenantId": row["tenant_id"],
+            "state": row["state"],
+            **data,
+        },
+        audience=[row["tenant_id"], owner],
+    )
+
+
+def _give_back_quota(db: sqlite_utils.Database, row: dict[str, Any], at: str) -> None:
+    for resource, amount in msgspec.json.decode(row["resources"]).items():
+        res_sql.add_used(db, row["pool_id"], row["tenant_id"], resource, -amount, at)
+
+
+def finish(
+    db: sqlite_utils.Database, row: dict[str, Any], state: str, reason: str | None, message: str
+) -> dict[str, Any]:
+    """End or fail a live reservation: release its bookings, its quota and meter its GPU hours."""
+    at = now()
+    pool = pool_sql.get_pool(db, row["pool_id"])
+    assert pool is not None
+    booked = res_sql.release(db, row["id"])
+    if row["state"] in res_sql.LIVE:
+        _give_back_quota(db, row, at)
+    meter = meter_of(pool["gpu_model"])
+    if row["placed_at"] and meter:
+        replicas = msgspec.json.decode(pool["policy"]).get("replicas", 1)
+        share = sum(
+            gpu_equivalents(b["resource"], b["amount"], row["mig_profile"], replicas)
+            for b in booked
+        )
+        hours = share * max(0.0, time.time() - epoch(row["placed_at"])) / 3600
+        if hours:
+            res_sql.add_spent(db, row["tenant_id"], meter, hours, at)
+    fields = {"state": state, "reason": reason, "updated_at": at, "ended_at": at}
+    res_sql.update(db, row["id"], fields)
+    done = {**row, **fields}
+    reservation_event(
+        db,
+        "ended" if state == "ended" else "failed",
+        done,
+        pool["owner_tenant_id"],
+        reason=reason,
+        message=message,
+    )
+    return done
+
+
+def place(db: sqlite_utils.Database, row: dict[str, Any], pool: dict[str, Any]) -> bool:
+    """Book the reservation on the first ready host node it fits (atoms and rows); False if none."""
+    resources: dict[str, int] = msgspec.json.decode(row["resources"])
+    atom = ATOMS[pool["sharing"]]
+    wanted_atoms = resources.get(atom, 0)
+    rows_asked = {r: a for r, a in resources.items() if r not in ("gpu", "gpu.mig", "gpu.slot")}
+    after = ""
+    while True:  # keyset pages of candidates, until one fits or the pool has no more
+        if wanted_atoms:
+            candidates = res_sql.nodes_with_free_atoms(
+                db, pool["id"], atom, row["mig_profile"], wanted_atoms, PLACE_CANDIDATES, after
+            )
+        else:
+            candidates = res_sql.ready_nodes(db, pool["id"], PLACE_CANDIDATES, after)
+        if not candidates:
+            return False
+        for node_id in candidates:
+            if _book_on(db, row, pool, node_id, atom, wanted_atoms, rows_asked):
+                return True
+        after = candidates[-1]
+
+
+def _book_on(
+    db: sqlite_utils.Database,
+    row: dict[str, Any],
+    pool: dict[str, Any],
+    node_id: str,
+    atom: str,
+    wanted_atoms: int,
+    rows_asked: dict[str, int],
+) -> bool:
+    """Book the reservation on this node if its rows have room; False (nothing written) if not."""
+    free = res_sql.free_rows(db, node_id)
+    if any(free.get(resource, 0) < amount for resource, amount in rows_asked.items()):
+        return False
+    if wanted_atoms:
+        booked = res_sql.book_atoms(db, node_id, atom, row["mig_profile"], wanted_atoms, row["id"])
+        if booked != wanted_atoms:  # the candidate query said they were free in this transaction
+            raise RuntimeError(f"booked {booked} of {wanted_atoms} {atom} atoms on {node_id}")
+        res_sql.insert_booking(db, row["id"], node_id, atom, wanted_atoms)
+    for resource, amount in rows_asked.items():
+        if not res_sql.book_row(db, node_id, resource, amount):
+            raise RuntimeError(f"{resource} on {node_id} was free a moment ago in this transaction")
+        res_sql.insert_booking(db, row["id"], node_id, resource, amount)
+    at = now()
+    fields = {
+        "state": "placed",
+        "node_id": node_id,
+        "placed_at": at,
+        "updated_at": at,
+        "reason": None,
+    }
+    res_sql.update(db, row["id"], fields)
+    reservation_event(db, "placed", {**row, **fields}, pool["owner_tenant_id"], nodeId=node_id)
+    return True
+
+
+def activate(
+    db: sqlite_utils.Database, row: dict[str, Any], seen_since: Callable[[str], float | None]
+) -> bool:
+    """placed → active once the node holding the booking has reported since it was placed:
+    the host is known to be up with the booking on it. True if it moved."""
+    seen = seen_since(row["node_id"])
+    if seen is None or seen < epoch(row["placed_at"]):
+        return False
+    fields = {"state": "active", "updated_at": now()}
+    res_sql.update(db, row["id"], fields)
+    pool = pool_sql.get_pool(db, row["pool_id"])
+    assert pool is not None
+    reservation_event(
+        db, "active", {**row, **fields}, pool["owner_tenant_id"], nodeId=row["node_id"]
+    )
+    return True
+
+
+def retry_pending(db: sqlite_utils.Database, row: dict[str, Any], at: str) -> bool:
+    """The placer's pass over one pending reservation: PoolGone, Expired, or another try to
+    place it; True if it moved."""
+    pool = pool_sql.get_pool(db, row["pool_id"])
+    assert pool is not None
+    offered = pool_sql.authz_row_exists(db, row["tenant_id"], pool["id"])
+    if pool["archived_at"] is not None or not offered or row["reason"] == "PoolGone":
+        message = "the pool is archived" if pool["archived_at"] else "the pool is no longer offered"
+        finish(db, row, "failed", "PoolGone", message)
+        return True
+    if row["expires_at"] and row["expires_at"] <= at:
+        finish(db, row, "failed", "Expired", "not placed within the pool's maxPending")
+        return True
+    return place(db, row, pool)

@@ -1,0 +1,56 @@
+"""GPU-hour budgets: what a tenant has spent on a meter, and the budget methods."""
+
+import time
+
+import msgspec
+import sqlite_utils
+
+from controlplane.capacity.meters import gpu_equivalents, meter_of
+from controlplane.iam.decide import Principal
+from controlplane.services.access import act_for
+from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
+from controlplane.storage.db import Store, epoch, now
+from shared.schemas import (
+    BudgetsGet,
+    BudgetsSet,
+    BudgetView,
+)
+
+
+def spent_hours(db: sqlite_utils.Database, tenant_id: str, meter: str, at: float) -> float:
+    """Hours spent on a meter: ended bookings (stored) plus live ones so far."""
+    stored = res_sql.budget(db, tenant_id, meter)
+    spent = stored["spent_hours"] if stored else 0.0
+    for booking in res_sql.placed_gpu_hours(db, tenant_id):
+        pool = pool_sql.get_pool(db, booking["pool_id"])
+        if pool is None or meter_of(pool["gpu_model"]) != meter:
+            continue
+        policy = msgspec.json.decode(pool["policy"])
+        share = gpu_equivalents(
+            booking["resource"],
+            booking["amount"],
+            booking["mig_profile"],
+            policy.get("replicas", 1),
+        )
+        spent += share * max(0.0, at - epoch(booking["placed_at"])) / 3600
+    return spent
+
+
+async def set_budget(store: Store, principal: Principal, req: BudgetsSet) -> BudgetView:
+    def txn(db: sqlite_utils.Database) -> BudgetView:
+        act_for(db, principal, req.tenant_id, "compute:budgets:set")
+        res_sql.put_budget(db, req.tenant_id, req.meter, req.limit, now())
+        spent = spent_hours(db, req.tenant_id, req.meter, time.time())
+        return BudgetView(
+            tenant_id=req.tenant_id, meter=req.meter, limit=req.limit, spent=round(spent, 6)
+        )
+
+    return await store.write(txn)
+
+
+def get_budget(db: sqlite_utils.Database, principal: Principal, req: BudgetsGet) -> BudgetView:
+    stored = res_sql.budget(db, req.tenant_id, req.meter)
+    spent = spent_hours(db, req.tenant_id, req.meter, time.time())
+    limit = stored["limit_hours"] if stored else None
+    return BudgetView(tenant_id=req.tenant_id, meter=req.meter, limit=limit, spent=round(spent, 6))

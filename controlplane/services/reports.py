@@ -1,0 +1,96 @@
+"""What a node's own credential does: nodes/report (an unchanged one writes nothing) and nodes/spec."""
+
+from typing import Any
+
+import msgspec
+import sqlite_utils
+from msgspec import UNSET
+
+from controlplane.capacity.admission import (
+    LOST,
+    READY,
+    stable_digest,
+)
+from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.nodes import reconcile_one, state_event
+from controlplane.iam.tokens import token_hash
+from controlplane.services.joining import inventory_fields
+from controlplane.storage import nodes as node_sql
+from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
+from controlplane.storage.db import Store, now
+from shared.gpu import with_families
+from shared.nodespec import NodeSpecUnits
+from shared.schemas import (
+    NodeSpec,
+    NodesReport,
+    NodesSpec,
+    Reported,
+)
+
+
+def authenticate_node(db: sqlite_utils.Database, token: str) -> dict[str, Any] | None:
+    return node_sql.node_for_token(db, token_hash(token))
+
+
+async def report_node(
+    store: Store, liveness: Liveness, node: dict[str, Any], req: NodesReport
+) -> Reported:
+    inventory = with_families(req.inventory)
+    digest = stable_digest(inventory)
+    applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
+    unchanged = digest == node["inventory_hash"] and (applied is None or applied == node["applied"])
+    if unchanged and node["state"] != LOST:
+        liveness.seen(node["id"])  # nothing new: no write (liveness is batched)
+        return Reported(spec_version=node["spec_version"] or "")
+
+    def txn(db: sqlite_utils.Database) -> Reported:
+        current = node_sql.get_node(db, node["id"])
+        pool = pool_sql.get_pool(db, node["pool_id"])
+        assert current is not None and pool is not None
+        at = now()
+        fields: dict[str, Any] = {"last_seen_at": at, "updated_at": at}
+        if applied is not None:
+            fields["applied"] = applied
+        if digest != current["inventory_hash"]:
+            # R4: the hostname is join's (validated there); a report never rewrites it.
+            fields.update(inventory_fields(inventory))
+            fields["inventory_rev"] = current["inventory_rev"] + 1
+        if current["state"] == LOST:
+            # Back: ready for now; the reconcile below re-decides (acceptance, family, render).
+            fields.update(state=READY, state_reason=None)
+            state_event(db, current, pool["owner_tenant_id"], READY, None)
+            res_sql.clear_node_lost(db, current["id"])  # its bookings carry on
+        node_sql.update_node(db, current["id"], fields)
+        liveness.seen(current["id"])
+        # One place decides a node's state: the same render and admission as every pass.
+        reconcile_one(db, current["id"])
+        after = node_sql.get_node(db, current["id"])
+        assert after is not None
+        return Reported(spec_version=after["spec_version"] or "")
+
+    return await store.write(txn)
+
+
+def node_spec(db: sqlite_utils.Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
+    """The node's NodeSpec as the reconciler last rendered it for this host (N6)."""
+    pool = pool_sql.get_pool(db, node["pool_id"])
+    stored = node_sql.get_node(db, node["id"])
+    assert pool is not None and stored is not None
+    units = (
+        msgspec.json.decode(stored["spec"], type=NodeSpecUnits)
+        if stored["spec"]
+        else NodeSpecUnits(version="", units=[], reboot=False)
+    )
+    return NodeSpec(
+        node_id=node["id"],
+        pool_id=pool["id"],
+        version=stored["spec_version"] or "",
+        pool_version=pool["version"],
+        pool_class=pool["class"],
+        sharing=pool["sharing"],
+        gpu_model=pool["gpu_model"],
+        policy=msgspec.json.decode(pool["policy"]),
+        units=units.units,
+        reboot=units.reboot,
+    )
