@@ -5,7 +5,7 @@ memory, huge pages, filesystems), sent on join and on every report. Sizes are
 bytes, power is watts, and a fact the host could not give is null.
 """
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
 
@@ -47,6 +47,11 @@ class Gpu(Wire):
     ecc_pending: bool | None = None
     ecc_uncorrected_volatile: Count | None = None  # a health signal: non-zero means trouble
     temperature_c: int | None = None
+    # H5 (reference/gpu-health.md §4): the agent's verdict from NVML's signals; unhealthy wins
+    # over unknown, unknown over healthy. Reasons such as "xid:79", "row_remap_pending",
+    # "ecc_uncorrected_volatile:2", "gpu_lost", "retired_pages_pending", "unknown:<signal>".
+    health: Literal["healthy", "unhealthy", "unknown"] = "healthy"
+    health_reasons: Annotated[list[Text], Meta(max_length=32)] = []
 
 
 class Nvml(Wire):

@@ -40,12 +40,19 @@ class Unit(Struct, rename="camel", kw_only=True, omit_defaults=True, frozen=True
     needs: Needs = "nothing"
     restarts: list[str] = []  # services to restart when this unit changes
     every_boot: bool = False  # kind command: its effect does not survive a reboot (nvidia-smi, MIG)
+    # needs drain (H4): the GPUs (UUIDs) the unit repartitions or reconfigures. From the render
+    # on they leave placement until the node reports the unit applied; the agent applies it
+    # only while none of them is booked.
+    gpus: list[str] = []
 
 
 class NodeSpecUnits(Struct, rename="camel", kw_only=True, frozen=True):
     version: str  # sha256 of the units: moves exactly when what a host must do moves
     units: list[Unit]
     reboot: bool  # some unit needs a reboot to take effect
+    # H4: the node's GPUs (UUIDs) with a live booking when this spec was rendered; a
+    # drain-gated unit touching one of them waits (the agent reports it "waiting-drain").
+    booked_gpus: list[str] = []
 
 
 class RenderRefused(ValueError):

@@ -404,7 +404,9 @@ def quick_daemon(tmp_path: Path) -> Iterator[Daemon]:
     running.kill()
 
 
-def test_timeouts_half_sent_request_line_is_closed_within_the_header_timeout(quick_daemon: Daemon) -> None:
+def test_timeouts_half_sent_request_line_is_closed_within_the_header_timeout(
+    quick_daemon: Daemon,
+) -> None:
     """Idle and half-sent-header connections: half a request line or head, then silence, is closed
     within --header-timeout; so is a connection that sends nothing."""
     for partial in (b"POST /api/comp", b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: "):
