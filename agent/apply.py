@@ -5,7 +5,17 @@ host, a temporary directory in tests and in ``render --out``), so an
 interrupted apply leaves every file old or new. Modules, sysctls, services
 and commands go through a ``Runner``, the seam between the agent and the
 host's tools. Each unit ends ``applied``, ``unchanged``, ``failed`` (with the
-error) or ``pending-reboot``; a second apply of the same spec changes nothing.
+error), ``pending-reboot`` or ``waiting-drain``; a second apply of the same spec
+changes nothing.
+
+Drain-gated units (H4): a unit that needs a drain and names, in ``gpus``, a GPU
+of the spec's ``booked_gpus`` is held back while it would change the host: it
+ends ``waiting-drain`` (with ``waitingFor``, the booked GPUs), nothing of it is
+done and it is not recorded, so a later spec whose GPUs are idle applies it. One
+that is already in effect (its file as written, its command run) changes nothing
+and ends ``unchanged`` as usual, so bookings never hold back what is already
+done. The rest of the spec is applied as usual. Undoing a drain unit that left
+the spec waits the same way.
 
 What is already true is read from the host (file contents, /proc/modules,
 /proc/sys, /proc/cmdline); what cannot be read back (a command, an enabled
@@ -31,7 +41,7 @@ from shared.sdnotify import Notifier
 
 log = structlog.get_logger("agent.apply")
 
-Status = Literal["applied", "unchanged", "failed", "pending-reboot"]
+Status = Literal["applied", "unchanged", "failed", "pending-reboot", "waiting-drain"]
 BOOT_DROP_IN = "etc/default/grub.d/90-better-compute.cfg"
 RECORD = "applied.json"
 
@@ -108,6 +118,7 @@ class UnitResult(msgspec.Struct, rename="camel", omit_defaults=True):
     id: str
     status: Status
     error: str | None = None
+    waiting_for: list[str] = []  # waiting-drain: the booked GPUs the unit touches (H4)
 
 
 class ApplyReport(msgspec.Struct, rename="camel"):
@@ -123,7 +134,18 @@ def boot_drop_in(kernel_args: str) -> str:
 
 
 def _digest(unit: Unit) -> str:
-    return hashlib.sha256(msgspec.json.encode(unit)).hexdigest()
+    """What the host was made to do; a drain unit's GPUs are not part of it.
+
+    ``gpus`` says which GPUs wait for the unit (H4), not what applying it does: a GPU
+    that reaches its layout leaves a MIG apply's gpus, which is no reason to run it again.
+    Units without GPUs hash as they always did (an empty list is left out).
+    """
+    return hashlib.sha256(msgspec.json.encode(msgspec.structs.replace(unit, gpus=[]))).hexdigest()
+
+
+def _waiting_for(needs: str, gpus: Sequence[str], booked: frozenset[str]) -> list[str]:
+    """The booked GPUs a drain-gated unit touches (H4); empty when it may go ahead."""
+    return sorted(booked.intersection(gpus)) if needs == "drain" else []
 
 
 Entry = dict[str, Any]  # what the record keeps of one applied unit
@@ -155,16 +177,30 @@ class Applier:
         return dict(found)
 
     def apply(self, spec: NodeSpecUnits) -> ApplyReport:
-        """Apply every unit, then undo the units an earlier spec had and this one has not."""
+        """Apply every unit, then undo the units an earlier spec had and this one has not.
+
+        A drain-gated unit touching a booked GPU that is not in effect yet waits (H4).
+        """
         record = self._record()
+        booked = frozenset(spec.booked_gpus)
         results: list[UnitResult] = []
         for unit in spec.units:
+            had = record.get(unit.id)
             try:
-                status, entry = self._apply(unit, spec, record.get(unit.id))
+                waiting = _waiting_for(unit.needs, unit.gpus, booked)
+                if waiting and not self._in_effect(unit, spec, had):
+                    # Not recorded (what an earlier spec did stays recorded): a later spec
+                    # whose GPUs are idle applies it.
+                    log.info("waiting for a drain", unit=unit.id, booked=waiting)
+                    results.append(UnitResult(unit.id, "waiting-drain", waiting_for=waiting))
+                    continue
+                status, entry = self._apply(unit, spec, had)
             except (OSError, CommandFailed) as exc:
                 # Not recorded: a failed unit is tried again next time.
                 results.append(UnitResult(unit.id, "failed", _error(exc)))
                 continue
+            if unit.needs == "drain" and unit.gpus:
+                entry = {**entry, "gpus": list(unit.gpus)}  # undoing it waits for them too
             record[unit.id] = entry
             results.append(UnitResult(unit.id, status))
         wanted = {unit.id for unit in spec.units}
@@ -173,6 +209,12 @@ class Applier:
             (i for i in record if i not in wanted), key=lambda i: record[i]["kind"] != "service"
         )
         for unit_id in gone:
+            held = record[unit_id].get("gpus")
+            waiting = _waiting_for("drain", held if isinstance(held, list) else [], booked)
+            if waiting:
+                log.info("waiting for a drain", unit=unit_id, booked=waiting, removing=True)
+                results.append(UnitResult(unit_id, "waiting-drain", waiting_for=waiting))
+                continue
             try:
                 status = self._remove(record[unit_id])
             except (OSError, CommandFailed) as exc:
@@ -200,17 +242,35 @@ class Applier:
             return self._command(unit, had, entry)
         raise CommandFailed(f"unit kind {unit.kind} is not known to this agent")
 
-    def _file(self, unit: Unit) -> Status:
+    def _in_effect(self, unit: Unit, spec: NodeSpecUnits, had: Entry | None) -> bool:
+        """Whether applying the unit would change nothing on the host; reads, never writes."""
+        entry: Entry = {"kind": unit.kind, "key": _digest(unit)}
+        if unit.kind == "file":
+            return self._file_in_place(unit)
+        if unit.kind == "module":
+            return self._module_loaded(unit)
+        if unit.kind == "sysctl":
+            return self._sysctl_set(unit)
+        if unit.kind == "service":
+            return had is not None and had.get("key") == self._service_key(unit, spec, entry)
+        if unit.kind == "command":
+            return had is not None and had.get("key") == self._command_key(unit, entry)
+        return False  # kernel arguments (never drain-gated) and unknown kinds: not known done
+
+    def _file_in_place(self, unit: Unit) -> bool:
         assert unit.path is not None
         target = self._on_host(unit.path)
-        data = unit.content.encode()
-        if (
+        return (
             target.exists()
-            and target.read_bytes() == data
+            and target.read_bytes() == unit.content.encode()
             and (target.stat().st_mode & 0o7777) == unit.mode
-        ):
+        )
+
+    def _file(self, unit: Unit) -> Status:
+        assert unit.path is not None
+        if self._file_in_place(unit):
             return "unchanged"
-        atomic_write(target, data, unit.mode)
+        atomic_write(self._on_host(unit.path), unit.content.encode(), unit.mode)
         return "pending-reboot" if unit.needs == "reboot" else "applied"
 
     def _kernel_args(self, unit: Unit, had: Entry | None, entry: Entry) -> tuple[Status, Entry]:
@@ -238,24 +298,30 @@ class Applier:
         entry = {**entry, "args": wanted, "retired": [] if booted else sorted(retired)}
         return ("unchanged" if booted else "pending-reboot"), entry
 
-    def _module(self, unit: Unit) -> Status:
+    def _module_loaded(self, unit: Unit) -> bool:
         name = unit.content.replace("-", "_")
         modules = self._on_host("proc/modules")
         loaded = modules.exists() and any(
             line.split(" ", 1)[0] == name for line in modules.read_text().splitlines()
         )
-        if loaded or self._on_host(f"sys/module/{name}").exists():  # built-in modules show in /sys
+        return loaded or self._on_host(f"sys/module/{name}").exists()  # built-ins show in /sys
+
+    def _module(self, unit: Unit) -> Status:
+        if self._module_loaded(unit):
             return "unchanged"
         self._must(["modprobe", unit.content])
         return "applied"
 
-    def _sysctl(self, unit: Unit) -> Status:
+    def _sysctl_set(self, unit: Unit) -> bool:
         key, _, value = unit.content.partition("=")
-        key, value = key.strip(), value.strip()
-        current = self._on_host("proc/sys/" + key.replace(".", "/"))
-        if current.exists() and current.read_text().split() == value.split():
+        current = self._on_host("proc/sys/" + key.strip().replace(".", "/"))
+        return current.exists() and current.read_text().split() == value.strip().split()
+
+    def _sysctl(self, unit: Unit) -> Status:
+        if self._sysctl_set(unit):
             return "unchanged"
-        self._must(["sysctl", "-w", f"{key}={value}"])
+        key, _, value = unit.content.partition("=")
+        self._must(["sysctl", "-w", f"{key.strip()}={value.strip()}"])
         return "applied"
 
     def _service(
@@ -266,9 +332,8 @@ class Applier:
         The key covers those units, so a restart that failed is tried again next time.
         """
         name = unit.content
-        feeding = sorted(_digest(u) for u in spec.units if name in u.restarts)
-        key = hashlib.sha256((entry["key"] + "".join(feeding)).encode()).hexdigest()
-        entry = {**entry, "key": key, "service": name}
+        entry = {**entry, "key": self._service_key(unit, spec, entry), "service": name}
+        key = entry["key"]
         if had is None:
             self._must(["systemctl", "daemon-reload"])
             self._must(["systemctl", "enable", "--now", name])
@@ -280,18 +345,27 @@ class Applier:
             return "applied", entry
         return "unchanged", entry
 
+    @staticmethod
+    def _service_key(unit: Unit, spec: NodeSpecUnits, entry: Entry) -> str:
+        """The service's own key and those of the units that restart it."""
+        feeding = sorted(_digest(u) for u in spec.units if unit.content in u.restarts)
+        return hashlib.sha256((entry["key"] + "".join(feeding)).encode()).hexdigest()
+
     def _boot(self) -> str:
         boot_id = self._on_host("proc/sys/kernel/random/boot_id")
         return boot_id.read_text().strip() if boot_id.exists() else ""
 
     def _command(self, unit: Unit, had: Entry | None, entry: Entry) -> tuple[Status, Entry]:
         """Run once per change of the unit, and once per boot for every-boot commands."""
-        if unit.every_boot:
-            entry = {**entry, "key": f"{entry['key']}@{self._boot()}"}
+        entry = {**entry, "key": self._command_key(unit, entry)}
         if had is not None and had.get("key") == entry["key"]:
             return "unchanged", entry
         self._must(unit.argv)
         return ("pending-reboot" if unit.needs == "reboot" else "applied"), entry
+
+    def _command_key(self, unit: Unit, entry: Entry) -> str:
+        """An every-boot command's key carries the boot id: it runs again after each boot."""
+        return f"{entry['key']}@{self._boot()}" if unit.every_boot else str(entry["key"])
 
     def _remove(self, entry: Entry) -> Status:
         """Undo what a unit that left the spec installed: its file, drop-in or service."""

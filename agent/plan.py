@@ -32,8 +32,21 @@ def describe(spec: NodeSpecUnits) -> dict[str, Any]:
         "sysctls": [],
         "services": [],
         "commands": [],
+        # H4: units that wait for their GPUs to be idle, with those GPUs; "booked" are the
+        # ones with a live booking now, for which the agent would hold the unit back.
+        "drain": [],
+        "bookedGpus": list(spec.booked_gpus),
     }
+    booked = set(spec.booked_gpus)
     for unit in spec.units:
+        if unit.needs == "drain":
+            plan["drain"].append(
+                {
+                    "id": unit.id,
+                    "gpus": list(unit.gpus),
+                    "booked": sorted(booked.intersection(unit.gpus)),
+                }
+            )
         if unit.kind == "file":
             plan["files"].append({"path": unit.path, "mode": oct(unit.mode), "needs": unit.needs})
         elif unit.kind == "kernel-args":
@@ -58,6 +71,7 @@ def for_people(plan: dict[str, Any]) -> str:
         ("sysctls", "sysctls"),
         ("services", "services"),
         ("commands", "commands"),
+        ("drain-gated units (applied once their GPUs are idle)", "drain"),
     ):
         items = plan[key]
         if not items:
@@ -71,6 +85,12 @@ def for_people(plan: dict[str, Any]) -> str:
             elif key == "commands":
                 needs = f"  ({item['needs']})" if item["needs"] != "nothing" else ""
                 lines.append(f"  {' '.join(item['argv'])}{needs}")
+            elif key == "drain":
+                lines.append(f"  {item['id']}: {len(item['gpus'])} GPUs")
+                lines += [
+                    f"    {uuid}{'  (booked: waits)' if uuid in item['booked'] else ''}"
+                    for uuid in item["gpus"]
+                ]
             else:
                 lines.append(f"  {item}")
     lines.append("reboot needed: " + ("yes" if plan["reboot"] else "no"))

@@ -4,6 +4,9 @@ Golden files in tests/golden/ are the reviewable text of each render. When a
 render changes on purpose, regenerate them and review the diff:
 
     python -m tests.test_render
+
+(``python -m tests.test_render --golden-only`` leaves the shipped recorded-hosts.json
+alone and rewrites only the golden files.)
 """
 
 import difflib
@@ -134,8 +137,10 @@ def golden_text(case: Case) -> str:
         "# regenerate with: python -m tests.test_render",
         f"version: {spec.version}",
         f"reboot: {str(spec.reboot).lower()}",
-        f"units: {len(spec.units)}",
     ]
+    if spec.booked_gpus:
+        lines.append(f"booked gpus: {', '.join(spec.booked_gpus)}")
+    lines.append(f"units: {len(spec.units)}")
     for number, unit in enumerate(spec.units, 1):
         lines += ["", f"== {number}. {unit.id} ==", f"kind: {unit.kind}", f"needs: {unit.needs}"]
         if unit.path is not None:
@@ -146,6 +151,9 @@ def golden_text(case: Case) -> str:
             lines.append("every boot: yes")
         if unit.restarts:
             lines.append(f"restarts: {', '.join(unit.restarts)}")
+        if unit.needs == "drain":  # H4: the GPUs it waits for, one a line
+            lines.append(f"gpus: {len(unit.gpus)}")
+            lines += [f"  - {uuid}" for uuid in unit.gpus]
         if unit.kind == "file":
             lines.append("content:")
             lines += [f"  | {line}".rstrip() for line in unit.content.splitlines()]
@@ -154,11 +162,12 @@ def golden_text(case: Case) -> str:
     return "\n".join(lines) + "\n"
 
 
-def regenerate() -> None:
-    hosts = [msgspec.to_builtins(host(name)) for name in RECORDED]
-    path = Path(representative.__file__).with_name(representative.RECORDED_HOSTS)
-    path.write_text(json.dumps(hosts, indent=1) + "\n")
-    print(f"wrote {path}")
+def regenerate(recorded_hosts: bool = True) -> None:
+    if recorded_hosts:
+        hosts = [msgspec.to_builtins(host(name)) for name in RECORDED]
+        path = Path(representative.__file__).with_name(representative.RECORDED_HOSTS)
+        path.write_text(json.dumps(hosts, indent=1) + "\n")
+        print(f"wrote {path}")
     GOLDEN.mkdir(exist_ok=True)
     for case in CASES:
         case.path.write_text(golden_text(case))
@@ -620,7 +629,7 @@ def _renders(policy: dict[str, Any], inventory: Inventory) -> bool:
 
 
 if __name__ == "__main__":
-    regenerate()
+    regenerate(recorded_hosts="--golden-only" not in sys.argv[1:])
     sys.exit(0)
 
 

@@ -3,6 +3,12 @@
 Facts from the team reference (k8s-sharing.md): the device plugin's config
 file (``version: v1``) and MPS client limits (48 from compute capability 7.5,
 else 16).
+
+A timeslice or mps pool's sharing units are drain-gated (H4): a new ``replicas``
+changes how many slots each GPU is cut into, and restarting the MPS control
+daemon ends every MPS client on the host. Each names every GPU its config covers
+(all the host's GPUs) in ``gpus``: the agent takes a change of it only once none
+of them is booked.
 """
 
 from collections.abc import Mapping, Sequence
@@ -106,13 +112,18 @@ def mps_client_limit(gpu: Gpu) -> int | None:
     return 48 if capability >= (7, 5) else 16
 
 
-def _device_plugin_unit(config: Mapping[str, Yaml]) -> Unit:
-    # The plugin reads its config at start: a new one takes a restart of the plugin.
+def _device_plugin_unit(config: Mapping[str, Yaml], gpus: Sequence[str] = ()) -> Unit:
+    """The device plugin's config; it reads it at start, so a new one takes a restart of it.
+
+    With ``gpus`` (a sharing config: how many slots those GPUs are cut into) it needs a
+    drain of them instead: slots booked under the old count cannot be kept (H4).
+    """
     return file_unit(
         "sharing/device-plugin-config",
         DEVICE_PLUGIN_CONF,
         yaml_document(config),
-        needs="restart",
+        needs="drain" if gpus else "restart",
+        gpus=gpus,
     )
 
 
@@ -156,7 +167,8 @@ def sharing_units(policy: Policy, sharing: str, inventory: Inventory) -> list[Un
             }
         },
     }
-    units = [_device_plugin_unit(config)]
+    covered = [gpu.uuid for gpu in inventory.gpus]  # the plugin shares every GPU alike
+    units = [_device_plugin_unit(config, covered)]
     if sharing == "mps":
         units += _mps_units(replicas, inventory.gpus)
     return units
@@ -200,10 +212,18 @@ def _mps_units(replicas: int, gpus: Sequence[Gpu]) -> list[Unit]:
             "Install": [("WantedBy", "multi-user.target")],
         }
     )
-    # Restarting the control daemon ends every MPS client on the host: drain first.
+    # Restarting the control daemon ends every MPS client on the host: drain first. The
+    # service is gated too: a new unit file restarts it, and so would a unit file that
+    # waits for the drain (its key covers the file's), ending the clients all the same.
+    covered = [gpu.uuid for gpu in gpus]
     return [
         file_unit(
-            "sharing/mps-unit-file", MPS_UNIT_FILE, text, needs="drain", restarts=[MPS_SERVICE]
+            "sharing/mps-unit-file",
+            MPS_UNIT_FILE,
+            text,
+            needs="drain",
+            restarts=[MPS_SERVICE],
+            gpus=covered,
         ),
-        service_unit("sharing/mps-service", MPS_SERVICE),
+        service_unit("sharing/mps-service", MPS_SERVICE, needs="drain", gpus=covered),
     ]

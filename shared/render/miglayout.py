@@ -4,6 +4,11 @@ A layout is checked against the host's own GPUs: profile names are per memory
 class (mig-profiles.md §3), so a GPU offers the profiles of its family's variant
 of its memory size, and the instances must fit one GPU (``shared.mig``). GPUs
 with a booked atom keep the instances they have.
+
+``mig/apply`` is drain-gated (H4): its ``gpus`` are the GPUs it repartitions,
+the idle ones whose MIG mode or instances are not yet the layout's. A booked GPU
+is never among them (its instances are described as they are), and a GPU already
+in its layout is not either, so it stays placeable while the others change.
 """
 
 import hashlib
@@ -105,6 +110,7 @@ def mig_units(
     if not inventory.gpus:
         raise RenderRefused("migLayout", "this host has no GPUs to partition")
     wanted: list[tuple[Gpu, bool, dict[str, int]]] = []  # (gpu, MIG on, profile → count)
+    changing: list[str] = []  # the GPUs mig-parted repartitions: H4's drain-gated GPUs
     for gpu in inventory.gpus:
         chosen = _layout_for(gpu, layout)
         if chosen is None:
@@ -117,7 +123,10 @@ def mig_units(
             continue
         key, profiles = chosen
         _check_layout(key, profiles, gpu, _family(gpu, gpu_model))
-        wanted.append((gpu, True, dict(sorted(Counter(profiles).items()))))
+        devices = dict(sorted(Counter(profiles).items()))
+        wanted.append((gpu, True, devices))
+        if not _in_layout(gpu, devices):
+            changing.append(gpu.uuid)
     if not wanted:
         return []
     text = yaml_document({"version": "v1", "mig-configs": {MIG_CONFIG_NAME: _mig_entries(wanted)}})
@@ -126,15 +135,23 @@ def mig_units(
         file_unit("mig/layout-file", MIG_PARTED_CONF, text),
         # The argv never changes, so the note carries the layout's digest: a new layout
         # is a new unit, and the agent runs the apply again. Repartitioning destroys the
-        # instances of the GPUs it changes: drain them first.
+        # instances of the GPUs it changes: drain them first (H4: they are its gpus).
         command_unit(
             "mig/apply",
             ["nvidia-mig-parted", "apply", "-f", MIG_PARTED_CONF, "-c", MIG_CONFIG_NAME],
             note=f"layout sha256:{digest}",
             needs="drain",
             every_boot=True,  # GPU instances are gone after a reboot; MIG mode is not
+            gpus=changing,
         ),
     ]
+
+
+def _in_layout(gpu: Gpu, devices: Mapping[str, int]) -> bool:
+    """Whether the GPU already is what mig-parted would make it: MIG on (and staying on),
+    with exactly these instances. Such a GPU is not repartitioned, so it is not drained."""
+    current = Counter(instance.profile for instance in gpu.mig_instances)
+    return gpu.mig_current and gpu.mig_pending and current == Counter(devices)
 
 
 def _mig_entries(wanted: Sequence[tuple[Gpu, bool, dict[str, int]]]) -> list[Yaml]:

@@ -83,6 +83,7 @@ def file_unit(
     mode: int = 0o644,
     needs: Needs = "nothing",
     restarts: Sequence[str] = (),
+    gpus: Sequence[str] = (),
 ) -> Unit:
     return Unit(
         id=id,
@@ -92,6 +93,7 @@ def file_unit(
         mode=mode,
         needs=needs,
         restarts=list(restarts),
+        gpus=_gpus(needs, gpus),
     )
 
 
@@ -102,6 +104,7 @@ def command_unit(
     note: str = "",
     needs: Needs = "nothing",
     every_boot: bool = False,
+    gpus: Sequence[str] = (),
 ) -> Unit:
     """A command run once per change of the unit.
 
@@ -109,12 +112,25 @@ def command_unit(
     again (the digest of the file it applies, say) when the argv alone does not move.
     """
     return Unit(
-        id=id, kind="command", argv=list(argv), content=note, needs=needs, every_boot=every_boot
+        id=id,
+        kind="command",
+        argv=list(argv),
+        content=note,
+        needs=needs,
+        every_boot=every_boot,
+        gpus=_gpus(needs, gpus),
     )
 
 
-def service_unit(id: str, name: str, *, needs: Needs = "nothing") -> Unit:
-    return Unit(id=id, kind="service", content=name, needs=needs)
+def service_unit(id: str, name: str, *, needs: Needs = "nothing", gpus: Sequence[str] = ()) -> Unit:
+    return Unit(id=id, kind="service", content=name, needs=needs, gpus=_gpus(needs, gpus))
+
+
+def _gpus(needs: Needs, gpus: Sequence[str]) -> list[str]:
+    """A drain-gated unit's GPUs (H4), sorted so the render stays deterministic."""
+    if gpus and needs != "drain":
+        raise ValueError("only a unit that needs a drain names the GPUs it touches")
+    return sorted(set(gpus))
 
 
 def systemd_unit(sections: Mapping[str, Sequence[tuple[str, str]]]) -> str:
