@@ -405,6 +405,18 @@ async def setup(
                 token=None,
             )
             nodes.append(Node(joined["nodeId"], pool["id"], joined["token"], inventory))
+            # The agent's first cycle: the NodeSpec applied, so the node is ready (H1).
+            spec = await call("compute/nodes/spec", {"nodeId": joined["nodeId"]}, joined["token"])
+            units = [{"id": u["id"], "status": "applied"} for u in spec["units"]]
+            await call(
+                "compute/nodes/report",
+                {
+                    "nodeId": joined["nodeId"],
+                    "inventory": inventory,
+                    "applied": {"version": spec["version"], "units": units},
+                },
+                joined["token"],
+            )
     world = World(
         root=root,
         site_id=site["id"],

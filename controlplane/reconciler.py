@@ -22,6 +22,7 @@ from prometheus_client import Counter
 from controlplane.capacity.bookings import activate, retry_pending
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.nodes import Failed, isolated, reconcile_isolated
+from controlplane.services.node_ops import progress_drain
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
@@ -90,6 +91,8 @@ def reconcile_pass(
             for r in res_sql.placed(db)
         ),
     ]
+    # H3: draining nodes, once the retries above could no longer land on them.
+    moves += [isolated(db, "node", n["id"], progress_drain, db, n) for n in node_sql.draining(db)]
     stats.reservations_moved += sum(1 for moved in moves if moved is True)
     stats.failures += sum(1 for moved in moves if isinstance(moved, Failed))
     return stats

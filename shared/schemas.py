@@ -34,7 +34,7 @@ Priority = Annotated[int, Meta(ge=-1000, le=1000)]
 DisplayName = Annotated[str, Meta(min_length=1, max_length=200)]
 SiteName = Annotated[str, Meta(max_length=64, pattern=whole(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"))]
 Region = Annotated[str, Meta(max_length=64, pattern=whole(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"))]
-EventType = Annotated[str, Meta(max_length=64, pattern=whole(r"^[a-z]+(\.[a-z]+)+$"))]
+EventType = Annotated[str, Meta(max_length=64, pattern=whole(r"^[a-z]+(\.[a-z][A-Za-z]*)+$"))]
 
 PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
 Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
@@ -246,11 +246,17 @@ class QuotaList(Answer):
 
 
 class CapacityRow(Answer):
+    """H6, the capacity ledger: total over every node; schedulable over ready, schedulable
+    nodes and healthy GPUs; allocated as booked; available = schedulable not booked;
+    offered = quota maxima of tenants other than the owner (shown to the owner only)."""
+
     pool_id: str
     resource: str
     total: int
+    schedulable: int
     allocated: int
     available: int
+    offered: int | UnsetType = UNSET
 
 
 class CapacityList(Answer):
@@ -355,8 +361,41 @@ class NodesSpec(Request):
     node_id: NodeId
 
 
-class NodesList(PoolScoped):
-    pass
+NodeState = Literal["configuring", "ready", "quarantined", "lost"]
+Reason = Annotated[str, Meta(min_length=1, max_length=500)]
+
+
+class NodesList(TenantScoped):
+    """H7: a pool's nodes, or without poolId every node of every pool the tenant owns."""
+
+    pool_id: PoolId | UnsetType = UNSET
+    states: Annotated[list[NodeState], Meta(max_length=4)] | UnsetType = UNSET
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+    cursor: NodeId | UnsetType = UNSET  # the `next` of the page before
+
+
+class NodesCordon(TenantScoped):
+    node_id: NodeId
+    reason: Reason
+
+
+class NodesUncordon(TenantScoped):
+    node_id: NodeId
+
+
+class NodesDrain(TenantScoped):
+    node_id: NodeId
+    reason: Reason
+    deadline_seconds: Annotated[int, Meta(ge=0, le=30 * 86400)] | UnsetType = UNSET
+
+
+class NodesRemove(TenantScoped):
+    node_id: NodeId
+    force: bool = False
+
+
+class NodeRemoved(Answer):
+    removed: bool
 
 
 class NodesGet(TenantScoped):
@@ -409,6 +448,8 @@ class DeviceView(Answer):
     gpu_uuid: str
     profile: str | None
     allocated: bool
+    unhealthy: bool  # H5: its GPU is not healthy: never placed
+    held: bool  # H4: a drain-gated unit is about to reconfigure its GPU
 
 
 class GpuSummary(Answer):
@@ -418,6 +459,20 @@ class GpuSummary(Answer):
     family: str | None
     memory_bytes: int
     mig: bool
+    health: str  # H5: healthy | unhealthy | unknown
+    health_reason: str | None
+
+
+class CordonView(Answer):
+    reason: str
+    at: str
+
+
+class DrainView(Answer):
+    reason: str
+    state: str  # draining | drained
+    started_at: str
+    deadline: str | None
 
 
 class NodeView(Answer):
@@ -434,11 +489,17 @@ class NodeView(Answer):
     devices: list[DeviceView]
     inventory: Inventory | None
     spec_version: str | None
+    applied_version: str | None  # H1: the last spec version applied cleanly
+    pending_reboot: bool
+    schedulable: bool  # H2: ready, not cordoned, not being drained
+    cordon: CordonView | None
+    drain: DrainView | None
     applied: dict[str, Any] | None  # the agent's last apply: spec version and each unit's outcome
 
 
 class NodeList(Answer):
     items: list[NodeView]
+    next: str | None  # the cursor of the next page (B1); null at the end
 
 
 # --- reservations and budgets -------------------------------------------------

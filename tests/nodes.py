@@ -56,10 +56,41 @@ async def join(api: Api, token: str, inventory: Inventory) -> tuple[int, Any]:
     return response.status, await response.json()
 
 
-async def joined(api: Api, token: str, inventory: Inventory) -> dict[str, Any]:
+async def joined(
+    api: Api, token: str, inventory: Inventory, applied: bool = True
+) -> dict[str, Any]:
+    """A joined node; with ``applied`` its agent has applied its NodeSpec cleanly, as a real
+    agent's first cycle does, so it is ready (H1)."""
     status, answer = await join(api, token, inventory)
     assert status == 200, answer
+    if applied:
+        await apply_spec(api, dict(answer), inventory)
     return dict(answer)
+
+
+async def apply_spec(
+    api: Api, node: dict[str, Any], inventory: Inventory, status: str = "applied", **outcomes: str
+) -> dict[str, Any]:
+    """What an agent does after a report: fetch the spec and report every unit ``status`` (or
+    as ``outcomes`` says by unit id). Returns the spec."""
+    headers = {"Authorization": f"Bearer {node['token']}"}
+    response = await api.client.post(
+        "/api/compute/nodes/spec", json={"nodeId": node["nodeId"]}, headers=headers
+    )
+    spec = await response.json()
+    assert response.status == 200, spec
+    units = [{"id": u["id"], "status": outcomes.get(u["id"], status)} for u in spec["units"]]
+    response = await api.client.post(
+        "/api/compute/nodes/report",
+        json={
+            "nodeId": node["nodeId"],
+            "inventory": wire(inventory),
+            "applied": {"version": spec["version"], "units": units},
+        },
+        headers=headers,
+    )
+    assert response.status == 200, await response.json()
+    return dict(spec)
 
 
 async def held(
@@ -73,6 +104,13 @@ async def held(
     )
     assert answer["state"] == "placed", answer
     return dict(answer)
+
+
+async def nothing_sellable(api: Api, pool: str) -> None:
+    """H6: the pool's ledger counts its nodes in total but none of it as schedulable."""
+    ledger = await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})
+    assert ledger["items"], "total counts every node of the pool"
+    assert all(r["schedulable"] == 0 and r["available"] == 0 for r in ledger["items"]), ledger
 
 
 def rows_of(node: dict[str, Any]) -> dict[str, tuple[int, int, float]]:

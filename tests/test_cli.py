@@ -142,6 +142,15 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     # A recorded DGX joins through the shared client, as the agent does.
     with ControlPlane(cli.env["BETTER_COMPUTE_URL"]) as plane:
         node = plane.join(join["token"], "dgx-h100-01", recorded("dgx-h100-01"))
+        # ...and reports its NodeSpec applied, as the agent's first cycle does (H1: ready).
+        spec = plane.spec(node["token"], node["nodeId"])
+        units = [{"id": u["id"], "status": "applied"} for u in spec["units"]]
+        plane.report(
+            node["token"],
+            node["nodeId"],
+            recorded("dgx-h100-01"),
+            {"version": spec["version"], "units": units},
+        )
     nodes = cli("nodes", "list", pool_id, "--tenant", "root").out
     assert node["nodeId"] in nodes and "8x" in nodes and "GiB" in nodes
     shown = cli("nodes", "get", node["nodeId"], "--tenant", "root").out

@@ -15,7 +15,16 @@ from controlplane.reconciler import PassStats, reconcile_pass
 from controlplane.storage.db import Store
 from shared.inventory import Inventory
 from tests.conftest import Api, execute
-from tests.nodes import DGX_POLICY, join, joined, pool_with_token, recorded, wire
+from tests.nodes import (
+    DGX_POLICY,
+    apply_spec,
+    join,
+    joined,
+    nothing_sellable,
+    pool_with_token,
+    recorded,
+    wire,
+)
 from tests.test_nodes import node_snapshot, report
 
 replace = msgspec.structs.replace
@@ -153,16 +162,14 @@ async def test_admission_is_decided_again_on_every_changed_inventory(api: Api) -
     await report(api, node, sick)
     view = await node_view(api, node)
     assert view["state"] == "quarantined"
-    assert (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})) == {
-        "items": []
-    }
+    await nothing_sellable(api, pool)
     await report(api, node, dgx)
     assert (await node_view(api, node))["state"] == "ready"
     events = await api.ok(
         "compute/events/list", {"tenantId": "root", "types": ["node.quarantined", "node.ready"]}
     )
-    assert [e["type"] for e in events["items"]] == ["node.quarantined", "node.ready"]
-    assert "uncorrected ECC" in events["items"][0]["data"]["reason"]
+    assert [e["type"] for e in events["items"]] == ["node.ready", "node.quarantined", "node.ready"]
+    assert "uncorrected ECC" in events["items"][1]["data"]["reason"]
 
 
 async def test_a_pool_update_readmits_its_nodes(api: Api, db: Path) -> None:
@@ -173,11 +180,12 @@ async def test_a_pool_update_readmits_its_nodes(api: Api, db: Path) -> None:
     one_pass(db)
     view = await node_view(api, node)
     assert view["state"] == "quarantined"
-    assert (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})) == {
-        "items": []
-    }
+    await nothing_sellable(api, pool)
     await api.ok("compute/pools/update", {"tenantId": "root", "poolId": pool, "gpuModel": "H100"})
     one_pass(db)
+    # H1: back from quarantine, configuring until its agent applies the spec of the new version.
+    assert (await node_view(api, node))["state"] == "configuring"
+    await apply_spec(api, node, recorded("dgx-h100-01"))
     assert (await node_view(api, node))["state"] == "ready"
 
 
@@ -340,6 +348,11 @@ async def test_r5_a_pool_whose_policy_no_longer_parses_never_stops_the_pass(
     assert execute(db, "SELECT count(*) FROM events WHERE type = 'node.quarantined'") == quarantined
     await api.ok("compute/pools/update", {"tenantId": "root", "poolId": broken, "policy": {}})
     assert one_pass(db).failures == 0
+    # H1: out of quarantine it is configuring until its agent applies the pool's new spec.
+    assert execute(db, "SELECT state FROM nodes WHERE id = ?", (sick["nodeId"],)) == [
+        ("configuring",)
+    ]
+    await apply_spec(api, sick, recorded("dgx-h100-01"))
     assert execute(db, "SELECT state FROM nodes WHERE id = ?", (sick["nodeId"],)) == [("ready",)]
 
 

@@ -13,6 +13,7 @@ from tests.nodes import (
     join,
     joined,
     node_snapshot,
+    nothing_sellable,
     pool_with_token,
     recorded,
     report,
@@ -325,15 +326,19 @@ async def test_nodes_lost_and_ready_again(api: Api, db: Path) -> None:
         assert store.transact(lambda d: reconcile_pass(d, Liveness(), 90, True)).nodes_lost == 1
     finally:
         store.close()
-    capacity = await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})
-    assert capacity == {"items": []}  # a lost node offers nothing
+    await nothing_sellable(api, pool)  # a lost node offers nothing
     status, _ = await report(api, node, recorded("dgx-h100-01"))
     assert status == 200
     events = await api.ok(
         "compute/events/list",
         {"tenantId": "root", "types": ["node.joined", "node.lost", "node.ready"]},
     )
-    assert [e["type"] for e in events["items"]] == ["node.joined", "node.lost", "node.ready"]
+    assert [e["type"] for e in events["items"]] == [
+        "node.joined",
+        "node.ready",
+        "node.lost",
+        "node.ready",
+    ]
     [view] = (await api.ok("compute/nodes/list", {"tenantId": "root", "poolId": pool}))["items"]
     assert view["state"] == "ready"
 
@@ -346,9 +351,7 @@ async def test_acceptance_diag_nvml_quarantines_unhealthy_hosts(api: Api) -> Non
     node = await joined(api, token, msgspec.structs.replace(sick, gpus=gpus))
     view = await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
     assert view["state"] == "quarantined"
-    assert (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})) == {
-        "items": []
-    }
+    await nothing_sellable(api, pool)
 
 
 async def test_nodes_are_visible_to_the_pool_owner_only(api: Api, db: Path) -> None:

@@ -143,8 +143,24 @@ async def test_l3_capacity_equals_capacity_by_pool(api: Api, db: Path) -> None:
     rollup = await api.ok("compute/pools/capacity", body)
     assert rollup == {
         "items": [
-            {"poolId": pool, "resource": "gpu", "total": 16, "allocated": 16, "available": 0},
-            {"poolId": pool, "resource": "vcpu", "total": 150, "allocated": 10, "available": 140},
+            {
+                "poolId": pool,
+                "resource": "gpu",
+                "total": 16,
+                "schedulable": 16,
+                "allocated": 16,
+                "available": 0,
+                "offered": 0,
+            },
+            {
+                "poolId": pool,
+                "resource": "vcpu",
+                "total": 150,
+                "schedulable": 150,
+                "allocated": 10,
+                "available": 140,
+                "offered": 0,
+            },
         ]
     }
     assert await api.ok("compute/capacity/byPool", body) == rollup

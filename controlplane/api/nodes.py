@@ -1,7 +1,7 @@
 """Node methods: join tokens, join, report, spec, list, get."""
 
 from controlplane.api.method import Method, Read, Write, write
-from controlplane.services import joining, nodes, reports
+from controlplane.services import joining, node_ops, nodes, reports
 from controlplane.services.access import Access
 from shared import schemas as s
 
@@ -43,8 +43,8 @@ METHODS = (
         s.NodesList,
         s.NodeList,
         Read(lambda db, principal, body, rt: nodes.list_nodes(db, principal, rt.liveness, body)),
-        "A pool's nodes with their resource rows and GPU atoms (owner only).",
-        Access("compute:nodes:read", "owned-pool"),
+        "A pool's nodes, or without poolId the fleet's (every pool the tenant owns), a page at a time (owner only).",
+        Access("compute:nodes:read", "owned-pools"),
     ),
     Method(
         "/api/compute/nodes/get",
@@ -53,5 +53,37 @@ METHODS = (
         Read(lambda db, principal, body, rt: nodes.get_node(db, principal, rt.liveness, body)),
         "One node with its resource rows and GPU atoms (owner only).",
         Access("compute:nodes:read", "node"),
+    ),
+    Method(
+        "/api/compute/nodes/cordon",
+        s.NodesCordon,
+        s.NodeView,
+        Write(lambda store, rt, who, body: node_ops.cordon(store, rt.liveness, who, body)),
+        "Take no new placements on a node (its bookings run on), with a reason (H3).",
+        Access("compute:nodes:manage", "node"),
+    ),
+    Method(
+        "/api/compute/nodes/uncordon",
+        s.NodesUncordon,
+        s.NodeView,
+        Write(lambda store, rt, who, body: node_ops.uncordon(store, rt.liveness, who, body)),
+        "Undo a cordon or a drain: the node is schedulable again (H3).",
+        Access("compute:nodes:manage", "node"),
+    ),
+    Method(
+        "/api/compute/nodes/drain",
+        s.NodesDrain,
+        s.NodeView,
+        Write(lambda store, rt, who, body: node_ops.drain(store, rt.liveness, who, body)),
+        "Cordon and wait for the node's bookings to end; at the deadline they end (H3).",
+        Access("compute:nodes:manage", "node"),
+    ),
+    Method(
+        "/api/compute/nodes/remove",
+        s.NodesRemove,
+        s.NodeRemoved,
+        write(node_ops.remove),
+        "Remove a node: rows, atoms and credential go, the host may join any pool (H3).",
+        Access("compute:nodes:manage", "node"),
     ),
 )

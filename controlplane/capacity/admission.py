@@ -6,6 +6,7 @@ family from its NVML name itself: the agent's word for it is never trusted.
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -13,7 +14,8 @@ import msgspec
 from shared.errors import InvalidInput
 from shared.inventory import HugepagePool, Inventory
 
-READY, QUARANTINED, LOST = "ready", "quarantined", "lost"
+READY, CONFIGURING, QUARANTINED, LOST = "ready", "configuring", "quarantined", "lost"
+CLEAN = frozenset({"applied", "unchanged", "waiting-drain"})  # a unit's outcome that is no fault
 
 
 def _settled_pages(pool: HugepagePool | None) -> HugepagePool | None:
@@ -106,3 +108,49 @@ def admission(
         return QUARANTINED, exc.message
     failure = acceptance_failure(policy, inventory)
     return (READY, None) if failure is None else (QUARANTINED, failure)
+
+
+@dataclass(frozen=True)
+class Configured:
+    """How far a node's agent has applied its current NodeSpec (H1)."""
+
+    state: str  # READY or CONFIGURING
+    reason: str | None
+    applied_version: str | None  # the last spec version applied cleanly
+    pending_reboot: bool
+
+
+def configured(
+    spec_version: str | None,
+    applied: Mapping[str, Any] | None,
+    applied_version: str | None,
+    was_ready: bool,
+    pending_reboot: bool,
+) -> Configured:
+    """H1: configuring until the agent reports every unit of the current spec applied or
+    unchanged (no failed, no pending-reboot; a drain-gated unit waiting for its GPUs to be
+    idle is no fault, H4). Then ready. Later, a failed unit makes the node configuring again
+    with the failed ids as the reason; a unit that needs a reboot leaves a ready node ready
+    with ``pending_reboot``; a new spec not yet reported keeps a ready node ready.
+    """
+    if applied is None or applied.get("version") != spec_version:
+        if was_ready and applied_version is not None:
+            return Configured(READY, None, applied_version, pending_reboot)
+        return Configured(
+            CONFIGURING, "waiting for the agent to apply its NodeSpec", applied_version, False
+        )
+    outcomes = {u["id"]: u.get("status") for u in applied.get("units", [])}
+    # failed, or an outcome this control plane does not know: not clean
+    failed = sorted(i for i, s in outcomes.items() if s not in CLEAN and s != "pending-reboot")
+    reboot = sorted(i for i, status in outcomes.items() if status == "pending-reboot")
+    if failed:
+        return Configured(
+            CONFIGURING, f"units failed: {', '.join(failed)}", applied_version, bool(reboot)
+        )
+    if reboot:
+        if was_ready:
+            return Configured(READY, None, applied_version, True)
+        return Configured(
+            CONFIGURING, f"pending reboot: {', '.join(reboot)}", applied_version, True
+        )
+    return Configured(READY, None, spec_version, False)

@@ -10,6 +10,7 @@ booking ends. A pool's new version also re-decides each node's admission (a
 new gpuModel or acceptance check). Each node is reconciled in its own savepoint
 (R5), in the caller's transaction: a pass, a join or a report.
 """
+
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,13 +21,14 @@ import sqlite_utils
 import structlog
 from msgspec import UNSET
 
-from controlplane.capacity.admission import LOST, QUARANTINED, READY, admission
+from controlplane.capacity.admission import LOST, QUARANTINED, READY, admission, configured
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
+from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import now, savepoint
-from shared.inventory import Inventory
-from shared.nodespec import NodeSpecUnits, RenderRefused
+from shared.inventory import Gpu, Inventory
+from shared.nodespec import NodeSpecUnits, RenderRefused, Unit
 from shared.policy import Policy, parse_policy
 from shared.render import render
 
@@ -75,9 +77,14 @@ def quarantine_unreconcilable(db: sqlite_utils.Database, node: dict[str, Any], e
 
 
 def readmit(
-    db: sqlite_utils.Database, node: dict[str, Any], inventory: Inventory, refusal: str | None
+    db: sqlite_utils.Database,
+    node: dict[str, Any],
+    inventory: Inventory,
+    refusal: str | None,
+    spec_version: str | None,
 ) -> bool:
-    """Re-decide a live node's state under its pool's current policy; True if it changed.
+    """Re-decide a live node's state under its pool's current policy and what its agent has
+    applied (H1); True if it changed.
 
     ``refusal`` is why the pool's policy cannot be rendered for this host, if it cannot.
     """
@@ -88,12 +95,28 @@ def readmit(
     )
     if state == READY and refusal is not None:
         state, reason = QUARANTINED, refusal
-    if (state, reason) == (node["state"], node["state_reason"]):
+    fields: dict[str, Any] = {}
+    if state == READY:
+        done = configured(
+            spec_version,
+            msgspec.json.decode(node["applied"]) if node["applied"] else None,
+            node["applied_version"],
+            node["state"] == READY,
+            bool(node["pending_reboot"]),
+        )
+        state, reason = done.state, done.reason
+        if (done.applied_version, done.pending_reboot) != (
+            node["applied_version"],
+            bool(node["pending_reboot"]),
+        ):
+            fields.update(applied_version=done.applied_version, pending_reboot=done.pending_reboot)
+    if (state, reason) != (node["state"], node["state_reason"]):
+        fields.update(state=state, state_reason=reason)
+    if not fields:
         return False
-    node_sql.update_node(
-        db, node["id"], {"state": state, "state_reason": reason, "updated_at": now()}
-    )
-    state_event(db, node, node["owner_tenant_id"], state, reason)
+    node_sql.update_node(db, node["id"], {**fields, "updated_at": now()})
+    if "state" in fields:
+        state_event(db, node, node["owner_tenant_id"], state, reason)
     return True
 
 
@@ -104,10 +127,10 @@ def state_event(
     state: str,
     reason: str | None,
 ) -> None:
-    """node.ready or node.quarantined, for the pool's owner."""
+    """node.ready, node.configuring or node.quarantined, for the pool's owner."""
     events.append(
         db,
-        "node.ready" if state == READY else "node.quarantined",
+        f"node.{state}",
         pool_id=node["pool_id"],
         data={"nodeId": node["id"], "hostname": node["hostname"], "state": state, "reason": reason},
         audience=[owner_tenant_id],
@@ -129,14 +152,58 @@ def served_version(node: dict[str, Any], units: NodeSpecUnits) -> str:
     return hashlib.sha256(seed.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Respecified:
+    refusal: str | None  # why the host cannot take the policy (it keeps its last spec)
+    held_layout: bool  # a booked GPU kept an older MIG layout (U3): look again next pass
+    version: str | None  # the spec version the node is to apply
+    gated_gpus: frozenset[str]  # GPUs a drain-gated unit of that spec touches (H4)
+
+
+def unit_key(unit: Unit) -> str:
+    """What a unit asks of the host, without the GPUs it lists (they move with bookings)."""
+    return hashlib.sha256(msgspec.json.encode(msgspec.structs.replace(unit, gpus=[]))).hexdigest()
+
+
+def gated_gpus(
+    db: sqlite_utils.Database, node: dict[str, Any], units: NodeSpecUnits, version: str | None
+) -> frozenset[str]:
+    """H4: the GPUs of the spec's drain-gated units that differ from what the agent last
+    reported applied (or unchanged) under the same unit id: they leave placement from the
+    render until it does. Kept per unit, not per spec version, since every booking moves
+    the version and a sharing unit lists every GPU of the host."""
+    done: dict[str, str] = (
+        msgspec.json.decode(node["applied_units"]) if node["applied_units"] else {}
+    )
+    report = msgspec.json.decode(node["applied"]) if node["applied"] else {}
+    if report.get("version") == version:
+        keys = {unit.id: unit_key(unit) for unit in units.units}
+        took = {
+            u["id"]: keys[u["id"]]
+            for u in report.get("units", [])
+            if u.get("status") in ("applied", "unchanged") and u.get("id") in keys
+        }
+        if any(done.get(i) != key for i, key in took.items()):
+            done = {**done, **took}
+            node_sql.update_node(
+                db, node["id"], {"applied_units": msgspec.json.encode(done).decode()}
+            )
+    return frozenset(
+        gpu
+        for unit in units.units
+        if unit.needs == "drain" and done.get(unit.id) != unit_key(unit)
+        for gpu in unit.gpus
+    )
+
+
 def respecify(
     db: sqlite_utils.Database, node: dict[str, Any], policy: Policy, inventory: Inventory
-) -> tuple[str | None, bool]:
+) -> Respecified:
     """Render the node's NodeSpec (N6) and store it when it moved.
 
-    Returns the refusal (a host that cannot take the policy keeps its last spec and is
-    quarantined with the reason) and whether a booked GPU kept an older MIG layout (U3),
-    in which case the node is looked at again until its GPUs are idle.
+    A host that cannot take the policy keeps its last spec and is quarantined with the
+    reason; a booked GPU that kept an older MIG layout (U3) makes the node looked at again
+    until its GPUs are idle.
     """
     booked = node_sql.booked_gpus(db, node["id"])
     try:
@@ -148,12 +215,18 @@ def respecify(
             booked_gpus=booked,
         )
     except RenderRefused as exc:
-        return f"this host cannot take the policy: {exc.field}: {exc.message}", False
+        kept = node_sql.spec_of(db, node["id"])
+        return Respecified(
+            f"this host cannot take the policy: {exc.field}: {exc.message}",
+            False,
+            node["spec_version"],
+            gated_gpus(db, node, kept, node["spec_version"]) if kept else frozenset(),
+        )
     version = served_version(node, units)
     if version != node["spec_version"]:
         node_sql.put_spec(db, node["id"], msgspec.json.encode(units).decode(), version)
     held_layout = bool(booked) and node["sharing"] == "mig" and policy.migLayout is not UNSET
-    return None, held_layout
+    return Respecified(None, held_layout, version, gated_gpus(db, node, units, version))
 
 
 def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
@@ -162,10 +235,11 @@ def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
     inventory = (
         msgspec.json.decode(node["inventory"], type=Inventory) if node["inventory"] else None
     )
-    writes, held = 0, False
+    writes, held, gated = 0, False, frozenset[str]()
     if inventory is not None:
-        refusal, held = respecify(db, node, policy, inventory)
-        readmit(db, node, inventory, refusal)
+        spec = respecify(db, node, policy, inventory)
+        held, gated = spec.held_layout, spec.gated_gpus
+        readmit(db, node, inventory, spec.refusal, spec.version)
     facts = HostFacts(**{name: node[name] for name in node_sql.FACTS})
     desired = desired_rows(facts, node["class"], policy)
     existing = node_sql.resource_rows(db, node["id"])
@@ -204,8 +278,56 @@ def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
             writes += 1
         else:
             held = True
+    writes += flag_atoms(db, node["id"], gpus, gated)
     if not held:
         node_sql.mark_rows_current(db, node["id"], node["inventory_rev"], node["pool_version"])
+    return writes
+
+
+def health_events(
+    db: sqlite_utils.Database,
+    node: Mapping[str, Any],
+    owner_tenant_id: str,
+    before: Inventory | None,
+    after: Inventory,
+) -> None:
+    """H5: node.gpuUnhealthy when a GPU stops being healthy (or joins so), node.gpuHealthy
+    when it is healthy again; one event per GPU whose verdict moved."""
+    was = {gpu.uuid: gpu.health for gpu in before.gpus} if before else {}
+    for gpu in after.gpus:
+        old = was.get(gpu.uuid, "healthy")
+        if (old == "healthy") == (gpu.health == "healthy"):
+            continue
+        events.append(
+            db,
+            "node.gpuHealthy" if gpu.health == "healthy" else "node.gpuUnhealthy",
+            pool_id=node["pool_id"],
+            data={
+                "nodeId": node["id"],
+                "hostname": node["hostname"],
+                "gpu": gpu.uuid,
+                "index": gpu.index,
+                "health": gpu.health,
+                "reasons": gpu.health_reasons,
+            },
+            audience=[owner_tenant_id],
+        )
+
+
+def flag_atoms(
+    db: sqlite_utils.Database, node_id: str, gpus: list[Gpu], gated: frozenset[str]
+) -> int:
+    """H5, H4: atoms of a GPU that is not healthy, or held by a drain-gated unit, leave
+    placement; live bookings on an unhealthy GPU are flagged. Returns the atoms rewritten."""
+    sick = {gpu.uuid for gpu in gpus if gpu.health != "healthy"}
+    writes = 0
+    for device_id, atom in node_sql.devices(db, node_id).items():
+        unhealthy, held = atom["gpu_uuid"] in sick, atom["gpu_uuid"] in gated
+        if (bool(atom["unhealthy"]), bool(atom["held"])) != (unhealthy, held):
+            node_sql.set_device_flags(db, node_id, device_id, unhealthy, held)
+            writes += 1
+    if writes:
+        res_sql.flag_unhealthy_bookings(db, node_id)
     return writes
 
 

@@ -95,6 +95,7 @@ Scope = Literal[
     "tenant",  # the tenant named by tenantId (compute-tenant)
     "pool",  # the pool poolId, visible to tenantId (compute-pool; NOT_FOUND when not)
     "owned-pool",  # the pool poolId, owned by tenantId (compute-pool; NOT_FOUND to anyone else)
+    "owned-pools",  # as owned-pool with a poolId; without one every pool tenantId owns (items)
     "reservation",  # the reservation reservationId of tenantId, decided on its pool (compute-pool)
     "node",  # the node nodeId, decided on its pool, owner only (compute-pool)
     "own-node",  # a node credential, for its own nodeId only
@@ -105,6 +106,7 @@ RESOURCE_OF_SCOPE: dict[Scope, str] = {
     "tenant": "compute-tenant",
     "pool": "compute-pool",
     "owned-pool": "compute-pool",
+    "owned-pools": "compute-pool",
     "reservation": "compute-pool",
     "node": "compute-pool",
     "own-node": "the calling node",
@@ -146,6 +148,8 @@ class Access:
             text += " (root only)"
         elif self.on == "owned-pool" or self.on == "node":
             text += " (owner only)"
+        elif self.on == "owned-pools":
+            text += " (owner only; without poolId: compute-tenant, every pool it owns + items)"
         if self.keyed is not None:
             text += " (a retry of its idempotencyKey: a read of what the key made)"
         return text + (" + items" if self.items else "")
@@ -190,15 +194,17 @@ def authorize(db: sqlite_utils.Database, caller: Any, access: Access, body: Any)
         require_on_tenant(principal, action)
     elif access.on == "pool":
         visible_pool(db, principal, body.tenant_id, body.pool_id, action)
-    elif access.on == "owned-pool":
+    elif access.on == "owned-pool" or (access.on == "owned-pools" and body.pool_id is not UNSET):
         owned_pool(db, principal, body.tenant_id, body.pool_id, action)
+    elif access.on == "owned-pools":
+        require_on_tenant(principal, action)
     elif access.on == "reservation":
         reservation = res_sql.get(db, body.reservation_id)
         if reservation is None or reservation["tenant_id"] != body.tenant_id:
             raise NotFound("reservation not found", field="reservationId")
         _reservation_pool(db, principal, reservation, action)
     elif access.on == "node":
-        node = node_sql.get_node(db, body.node_id)
+        node = node_sql.get_node(db, body.node_id)  # a removed one too: remove is idempotent
         if node is None:
             raise NotFound("node not found", field="nodeId")
         try:

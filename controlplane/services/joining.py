@@ -9,13 +9,15 @@ import msgspec
 import sqlite_utils
 
 from controlplane.capacity.admission import (
+    CONFIGURING,
+    READY,
     admission,
     check_family,
     identity_of,
     same_host,
     stable_digest,
 )
-from controlplane.capacity.nodes import reconcile_one
+from controlplane.capacity.nodes import health_events, reconcile_one
 from controlplane.capacity.resources import HostFacts
 from controlplane.iam.decide import Principal
 from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
@@ -132,6 +134,9 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
         check_family(pool, inventory)
         at = now()
         state, reason = admission(pool, policy, inventory)
+        if state == READY and (existing is None or existing["state"] != READY):
+            # H1: ready once its agent reports the NodeSpec applied (reconcile_one decides).
+            state, reason = CONFIGURING, "waiting for the agent to apply its NodeSpec"
         fields = {
             **inventory_fields(inventory),
             "hostname": req.hostname,
@@ -166,6 +171,10 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
                 fields["inventory_rev"] = existing["inventory_rev"] + 1
             node_sql.update_node(db, node_id, fields)
         reconcile_one(db, node_id)
+        joined = node_sql.get_node(db, node_id)
+        assert joined is not None
+        before = msgspec.json.decode(existing["inventory"], type=Inventory) if existing else None
+        health_events(db, joined, pool["owner_tenant_id"], before, inventory)
         events.append(
             db,
             "node.joined",

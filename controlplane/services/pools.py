@@ -181,18 +181,26 @@ def list_pools(db: sqlite_utils.Database, principal: Principal, req: PoolsList) 
 def pool_capacity(
     db: sqlite_utils.Database, principal: Principal, req: PoolsCapacity
 ) -> CapacityList:
-    """L3: one rollup row per resource; the same answer as capacity/byPool."""
+    """L3, H6: one ledger row per resource, the same answer as capacity/byPool; `offered`
+    (what the owner sold) only for the owner."""
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
+    offered = (
+        pool_sql.offered_maxima(db, pool["id"], pool["owner_tenant_id"])
+        if pool["authz_owned"]
+        else None
+    )
     return CapacityList(
         items=[
             CapacityRow(
                 pool_id=pool["id"],
                 resource=row["resource"],
                 total=row["total"],
+                schedulable=row["schedulable"],
                 allocated=row["allocated"],
-                available=max(0, row["total"] - row["allocated"]),
+                available=row["available"],
+                offered=UNSET if offered is None else offered.get(row["resource"], 0),
             )
-            for row in pool_sql.capacity_rollup(db, pool["id"])
+            for row in pool_sql.capacity_ledger(db, pool["id"])
         ]
     )
 

@@ -12,7 +12,7 @@ from controlplane.capacity.admission import (
     stable_digest,
 )
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.nodes import reconcile_one, state_event
+from controlplane.capacity.nodes import health_events, reconcile_one, state_event
 from controlplane.iam.tokens import token_hash
 from controlplane.services.joining import inventory_fields
 from controlplane.storage import nodes as node_sql
@@ -20,6 +20,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now
 from shared.gpu import with_families
+from shared.inventory import Inventory
 from shared.nodespec import NodeSpecUnits
 from shared.schemas import (
     NodeSpec,
@@ -56,6 +57,12 @@ async def report_node(
             # R4: the hostname is join's (validated there); a report never rewrites it.
             fields.update(inventory_fields(inventory))
             fields["inventory_rev"] = current["inventory_rev"] + 1
+            before = (
+                msgspec.json.decode(current["inventory"], type=Inventory)
+                if current["inventory"]
+                else None
+            )
+            health_events(db, current, pool["owner_tenant_id"], before, inventory)
         if current["state"] == LOST:
             # Back: ready for now; the reconcile below re-decides (acceptance, family, render).
             fields.update(state=READY, state_reason=None)

@@ -194,6 +194,25 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (tenant_id, meter)
     ) WITHOUT ROWID;
     """,
+    # 6: node lifecycle (H1-H8): the spec applied cleanly, cordon, drain, removal; atoms out of
+    # placement for an unhealthy GPU (H5) or a drain-gated unit (H4).
+    """
+    ALTER TABLE nodes ADD COLUMN applied_version TEXT;
+    ALTER TABLE nodes ADD COLUMN pending_reboot INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE nodes ADD COLUMN cordon_reason TEXT;
+    ALTER TABLE nodes ADD COLUMN cordoned_at TEXT;
+    ALTER TABLE nodes ADD COLUMN drain_reason TEXT;
+    ALTER TABLE nodes ADD COLUMN drain_state TEXT CHECK (drain_state IN ('draining', 'drained'));
+    ALTER TABLE nodes ADD COLUMN drain_started_at TEXT;
+    ALTER TABLE nodes ADD COLUMN drain_deadline TEXT;
+    ALTER TABLE nodes ADD COLUMN removed_at TEXT;
+    ALTER TABLE nodes ADD COLUMN applied_units TEXT;
+    UPDATE nodes SET applied_version = spec_version WHERE state = 'ready';
+    CREATE INDEX nodes_draining ON nodes(drain_state) WHERE drain_state = 'draining';
+    CREATE INDEX reservations_node ON reservations(node_id, state);
+    ALTER TABLE node_devices ADD COLUMN unhealthy INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE node_devices ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+    """,
 )
 
 

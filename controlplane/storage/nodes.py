@@ -3,9 +3,11 @@
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgspec
 import sqlite_utils
 
 from controlplane.storage.rows import one, rows
+from shared.nodespec import NodeSpecUnits
 
 # --- join tokens -----------------------------------------------------------
 
@@ -27,6 +29,9 @@ def use_join_token(db: sqlite_utils.Database, token_id: str) -> None:
 
 
 # --- nodes -----------------------------------------------------------------
+
+# H2: a node the placer may book on (nodes as n): ready, not cordoned, not being drained.
+SCHEDULABLE = "(n.state = 'ready' AND n.cordon_reason IS NULL AND n.drain_state IS NULL)"
 
 FACTS = ("logical_cpus", "memory_total_bytes", "hugepages_2mi", "hugepages_1gi", "disk_total_bytes")
 
@@ -63,7 +68,52 @@ def update_node(db: sqlite_utils.Database, node_id: str, fields: dict[str, Any])
 
 
 def nodes_of_pool(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
-    return rows(db, "SELECT * FROM nodes WHERE pool_id = ? ORDER BY hostname, id", [pool_id])
+    return rows(
+        db,
+        "SELECT * FROM nodes WHERE pool_id = ? AND removed_at IS NULL ORDER BY hostname, id",
+        [pool_id],
+    )
+
+
+def nodes_of_pools(
+    db: sqlite_utils.Database,
+    pool_ids: Sequence[str],
+    states: Sequence[str] | None,
+    after: str,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """H7: the live nodes of several pools in id order after ``after`` (a keyset page)."""
+    if not pool_ids:
+        return []
+    sql = (
+        f"SELECT * FROM nodes WHERE pool_id IN ({', '.join('?' * len(pool_ids))}) "
+        "AND removed_at IS NULL AND id > ?"
+    )
+    params: list[Any] = [*pool_ids, after]
+    if states:
+        sql += f" AND state IN ({', '.join('?' * len(states))})"
+        params.extend(states)
+    return rows(db, sql + " ORDER BY id LIMIT ?", [*params, limit])
+
+
+def draining(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+    """Nodes being drained (a partial index), with their pool's owner for the events."""
+    return rows(
+        db,
+        "SELECT n.*, p.owner_tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id "
+        "WHERE n.drain_state = 'draining'",
+    )
+
+
+def remove(db: sqlite_utils.Database, node_id: str, at: str) -> None:
+    """H3: the node's rows and atoms go, its credential and machine identity are freed."""
+    db.execute("DELETE FROM node_resources WHERE node_id = ?", [node_id])
+    db.execute("DELETE FROM node_devices WHERE node_id = ?", [node_id])
+    db.execute(
+        "UPDATE nodes SET removed_at = ?, updated_at = ?, identity = NULL, token_hash = NULL "
+        "WHERE id = ?",
+        [at, at, node_id],
+    )
 
 
 def touch(db: sqlite_utils.Database, seen: Iterable[tuple[str, str]]) -> None:
@@ -84,7 +134,8 @@ def silent_nodes(db: sqlite_utils.Database, before: str) -> list[dict[str, Any]]
         db,
         "SELECT n.id, n.pool_id, n.hostname, n.last_seen_at, p.owner_tenant_id FROM nodes n "
         "JOIN pools p ON p.id = n.pool_id "
-        "WHERE n.state IN ('ready', 'quarantined') AND n.last_seen_at < ?",
+        "WHERE n.state IN ('ready', 'configuring', 'quarantined') AND n.last_seen_at < ? "
+        "AND n.removed_at IS NULL",
         [before],
     )
 
@@ -98,7 +149,7 @@ def mark_lost(db: sqlite_utils.Database, node_ids: Iterable[str], at: str) -> No
 
 _RECONCILE = (
     "SELECT n.id, n.pool_id, n.hostname, n.state, n.state_reason, n.inventory, n.inventory_rev, "
-    "n.spec_version, "
+    "n.spec_version, n.applied, n.applied_version, n.pending_reboot, n.applied_units, "
     f"{', '.join('n.' + f for f in FACTS)}, p.version AS pool_version, p.class, p.sharing, "
     "p.policy, p.gpu_model, p.owner_tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id "
 )
@@ -109,7 +160,8 @@ def stale_nodes(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     return rows(
         db,
         _RECONCILE
-        + "WHERE n.rows_inventory_rev != n.inventory_rev OR n.rows_pool_version != p.version",
+        + "WHERE (n.rows_inventory_rev != n.inventory_rev OR n.rows_pool_version != p.version) "
+        "AND n.removed_at IS NULL",
     )
 
 
@@ -132,6 +184,12 @@ def booked_gpus(db: sqlite_utils.Database, node_id: str) -> frozenset[str]:
         "SELECT DISTINCT gpu_uuid FROM node_devices WHERE node_id = ? AND allocated = 1", [node_id]
     )
     return frozenset(row[0] for row in found)
+
+
+def spec_of(db: sqlite_utils.Database, node_id: str) -> NodeSpecUnits | None:
+    """The node's stored NodeSpec units, if it has one."""
+    found = db.execute("SELECT spec FROM nodes WHERE id = ?", [node_id]).fetchone()
+    return msgspec.json.decode(found[0], type=NodeSpecUnits) if found and found[0] else None
 
 
 def put_spec(db: sqlite_utils.Database, node_id: str, spec: str, version: str) -> None:
@@ -188,6 +246,16 @@ def devices_of(db: sqlite_utils.Database, node_ids: Sequence[str]) -> list[dict[
         db,
         f"SELECT * FROM node_devices WHERE node_id IN ({marks}) ORDER BY node_id, device_id",
         list(node_ids),
+    )
+
+
+def set_device_flags(
+    db: sqlite_utils.Database, node_id: str, device_id: str, unhealthy: bool, held: bool
+) -> None:
+    """H5, H4: an atom out of placement for an unhealthy GPU or a drain-gated unit."""
+    db.execute(
+        "UPDATE node_devices SET unhealthy = ?, held = ? WHERE node_id = ? AND device_id = ?",
+        [int(unhealthy), int(held), node_id, device_id],
     )
 
 

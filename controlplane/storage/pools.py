@@ -5,6 +5,7 @@ from typing import Any
 
 import sqlite_utils
 
+from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
 
 
@@ -204,16 +205,33 @@ def zero_quotas(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str
 # --- capacity --------------------------------------------------------------
 
 
-def capacity_rollup(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
-    """Per resource over the pool's ready nodes: node_resources summed, plus GPU atoms counted."""
+def capacity_ledger(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+    """H6 per resource: total over every node of the pool, schedulable over ready,
+    schedulable nodes and placeable atoms (healthy, not held), allocated as booked, and
+    available = schedulable not booked. node_resources rows plus GPU atoms counted."""
+    placeable = f"{SCHEDULABLE} AND d.unhealthy = 0 AND d.held = 0"
     return rows(
         db,
-        "SELECT resource, sum(total) AS total, sum(allocated) AS allocated FROM ("
-        " SELECT r.resource, r.capacity AS total, r.allocated FROM node_resources r"
-        " JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ? AND n.state = 'ready'"
+        "SELECT resource, sum(total) AS total, sum(schedulable) AS schedulable, "
+        "sum(allocated) AS allocated, sum(available) AS available FROM ("
+        " SELECT r.resource, r.capacity AS total,"
+        f" CASE WHEN {SCHEDULABLE} THEN r.capacity ELSE 0 END AS schedulable, r.allocated,"
+        f" CASE WHEN {SCHEDULABLE} THEN max(0, r.capacity - r.allocated) ELSE 0 END AS available"
+        " FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ?"
         " UNION ALL"
-        " SELECT d.resource, 1 AS total, d.allocated FROM node_devices d"
-        " JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = ? AND n.state = 'ready'"
+        f" SELECT d.resource, 1, CASE WHEN {placeable} THEN 1 ELSE 0 END, d.allocated,"
+        f" CASE WHEN {placeable} AND d.allocated = 0 THEN 1 ELSE 0 END"
+        " FROM node_devices d JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = ?"
         ") GROUP BY resource ORDER BY resource",
         [pool_id, pool_id],
     )
+
+
+def offered_maxima(db: sqlite_utils.Database, pool_id: str, owner: str) -> dict[str, int]:
+    """H6 offered: per resource, the quota maxima of every tenant but the owner."""
+    found = db.execute(
+        "SELECT resource, sum(max) FROM quotas WHERE pool_id = ? AND tenant_id != ? "
+        "GROUP BY resource",
+        [pool_id, owner],
+    ).fetchall()
+    return {resource: int(total) for resource, total in found}

@@ -5,6 +5,7 @@ from typing import Any
 
 import sqlite_utils
 
+from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
 
 LIVE = ("pending", "placed", "active")  # what counts against quota; placed and active hold bookings
@@ -101,7 +102,7 @@ def nodes_with_free_atoms(
     found = db.execute(
         "SELECT d.node_id FROM node_devices d JOIN nodes n ON n.id = d.node_id "
         f"WHERE d.resource = ? AND d.allocated = 0 AND d.node_id > ? {profile_filter} "
-        "AND n.pool_id = ? AND n.state = 'ready' "
+        "AND d.unhealthy = 0 AND d.held = 0 AND n.pool_id = ? AND " + SCHEDULABLE + " "
         "GROUP BY d.node_id HAVING count(*) >= ? ORDER BY d.node_id LIMIT ?",
         params,
     )
@@ -110,7 +111,8 @@ def nodes_with_free_atoms(
 
 def ready_nodes(db: sqlite_utils.Database, pool_id: str, limit: int, after: str = "") -> list[str]:
     found = db.execute(
-        "SELECT id FROM nodes WHERE pool_id = ? AND state = 'ready' AND id > ? ORDER BY id LIMIT ?",
+        "SELECT id FROM nodes n WHERE pool_id = ? AND " + SCHEDULABLE + " AND id > ? "
+        "ORDER BY id LIMIT ?",
         [pool_id, after, limit],
     )
     return [row[0] for row in found]
@@ -193,6 +195,28 @@ def mark_pool_gone(db: sqlite_utils.Database, pool_id: str, tenant_id: str | Non
         sql += " AND tenant_id = ?"
         params.append(tenant_id)
     db.execute(sql, params)
+
+
+def live_on_node(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]]:
+    """Placed and active reservations booked on a node."""
+    return rows(
+        db,
+        "SELECT * FROM reservations WHERE node_id = ? AND state IN ('placed', 'active') "
+        "ORDER BY id",
+        [node_id],
+    )
+
+
+def flag_unhealthy_bookings(db: sqlite_utils.Database, node_id: str) -> None:
+    """H5: live bookings holding an atom of an unhealthy GPU are flagged (they stay booked);
+    the flag goes once every GPU they hold is healthy again."""
+    db.execute(
+        "UPDATE reservations SET reason = CASE WHEN EXISTS (SELECT 1 FROM node_devices d "
+        "WHERE d.reservation_id = reservations.id AND d.unhealthy = 1) THEN 'GpuUnhealthy' "
+        "ELSE NULL END WHERE node_id = ? AND state IN ('placed', 'active') "
+        "AND (reason IS NULL OR reason = 'GpuUnhealthy')",
+        [node_id],
+    )
 
 
 def clear_node_lost(db: sqlite_utils.Database, node_id: str) -> None:
