@@ -1,7 +1,6 @@
 """better-compute-agent: the per-host agent (DESIGN §6)."""
 
 import contextlib
-import functools
 import signal
 import sys
 import threading
@@ -12,7 +11,7 @@ import msgspec
 
 from agent.apply import Applier, runner_for
 from agent.client import ControlPlane, ControlPlaneError
-from agent.inventory import FixtureError, collect_inventory
+from agent.inventory import FixtureError, InventoryCollector, collect_inventory
 from agent.inventory.nvml import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings
 from agent.plan import describe, for_people, write_tree
@@ -127,22 +126,22 @@ def run(
         rejoin_backoff_cap=rejoin_backoff_max,
         dry_run=dry_run,
     )
-    take = functools.partial(
-        collect_inventory, fixture=fixture, fixture_host=fixture_host, sysfs_root=sysfs_root
-    )
     # Import the NVML bindings now (importing initialises nothing), so that the first
     # cycle is as quick as the rest and a missing module shows at start.
     with contextlib.suppress(ImportError):
         load_pynvml()
-    if fixture is not None:
-        try:
-            take()  # a fixture it cannot use is a usage error, before anything joins
-        except FixtureError as exc:
-            raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
+    try:
+        # One collector for the agent's life: one NVML init and one XID event set, kept
+        # across cycles so each XID is read once and its verdict sticks (H5); closed at exit.
+        collector = InventoryCollector(
+            fixture=fixture, fixture_host=fixture_host, sysfs_root=sysfs_root, state_dir=state_dir
+        )
+    except ValueError as exc:  # FixtureError, or --fixture-host alone: refused before any join
+        raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
     client = ControlPlane(controlplane)
     notifier = Notifier.from_environment()
     applier = None if dry_run else Applier(root, state_dir, runner_for(root, notifier))
-    agent = Agent(settings, State(state_dir), take, client, applier, notifier)
+    agent = Agent(settings, State(state_dir), collector.collect, client, applier, notifier)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Stop between requests and exit 0, as systemd expects of a stop.
@@ -160,6 +159,7 @@ def run(
         sys.exit(2)
     finally:
         client.close()
+        collector.close()
 
 
 @cli.command()

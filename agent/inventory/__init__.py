@@ -1,20 +1,101 @@
-"""The host inventory: GPUs from NVML, everything else from psutil and sysfs.
+"""The host inventory: GPUs and their health from NVML, everything else from psutil and sysfs.
 
-``collect_inventory()`` reads this machine; ``collect_inventory(fixture=…)``
+``collect_inventory()`` reads this machine once; ``collect_inventory(fixture=…)``
 reads a recorded host instead, through a fake of the same pynvml calls, so the
-one ``collect_gpus`` runs in both cases. Importing this package initialises
-nothing: NVML is opened and closed inside each collection.
+one GPU reader runs in both cases. ``InventoryCollector`` is the agent loop's
+form: it keeps one NVML session (one init, one XID event set) from its first
+collection to ``close()``, so XID events are read once each, as they happen,
+and a GPU's XID verdict sticks (gpu-health.md §5). Importing this package
+initialises nothing.
 """
 
 from pathlib import Path
+from types import TracebackType
 
 from agent.inventory.fixture import FakeNvml
-from agent.inventory.host import HostFacts, collect_host
-from agent.inventory.nvml import NvmlApi, collect_gpus, load_pynvml
+from agent.inventory.host import HostFacts, boot_id, collect_host
+from agent.inventory.nvml import HEALTH_FILE, NvmlApi, NvmlSession, collect_gpus, load_pynvml
 from agent.inventory.recording import FixtureError, host_facts, load_host
 from shared.inventory import Gpu, Inventory, Nvml
 
-__all__ = ["FixtureError", "HostFacts", "collect_inventory", "inventory_from"]
+__all__ = [
+    "FixtureError",
+    "HostFacts",
+    "InventoryCollector",
+    "collect_inventory",
+    "inventory_from",
+]
+
+
+class InventoryCollector:
+    """This host's inventory (or a recorded host's), cycle after cycle, through one NVML session.
+
+    With a fixture, its GPUs come from one fake NVML kept for the collector's life
+    (its XID events are delivered once, as a driver's are) and its CPU, memory, huge
+    page, disk and identity facts replace this machine's. Without one, NVML is the
+    real module and the host facts are read under ``sysfs_root`` each cycle. With
+    ``state_dir``, XID verdicts are also kept in its ``gpu-health.json`` for this boot.
+    Raises ``FixtureError`` for a fixture it cannot use; a host without NVML is
+    reported as CPU-only, never an error. ``close()`` frees the event set and shuts
+    NVML down.
+    """
+
+    def __init__(
+        self,
+        fixture: Path | None = None,
+        fixture_host: str | None = None,
+        sysfs_root: Path = Path("/"),
+        state_dir: Path | None = None,
+    ) -> None:
+        self._sysfs_root = sysfs_root
+        self._facts: HostFacts | None = None
+        self._unavailable = ""  # why there is no NVML module at all
+        nvml: NvmlApi | None = None
+        if fixture is not None:
+            host = load_host(fixture, fixture_host)
+            self._facts = host_facts(host)
+            nvml = FakeNvml(host)
+        elif fixture_host is not None:
+            raise ValueError("fixture_host needs a fixture")
+        else:
+            try:
+                nvml = load_pynvml()
+            except ImportError as exc:  # nvidia-ml-py missing: a CPU-only report, not a crash
+                self._unavailable = type(exc).__name__
+        self._session = (
+            NvmlSession(
+                nvml,
+                boot_id=boot_id(sysfs_root),
+                state_file=state_dir / HEALTH_FILE if state_dir is not None else None,
+            )
+            if nvml is not None
+            else None
+        )
+
+    def collect(self) -> Inventory:
+        """One cycle's inventory; XID events since the last cycle are read now."""
+        facts = self._facts or collect_host(self._sysfs_root)
+        if self._session is None:
+            return _assemble(Nvml(available=False, error=self._unavailable), [], facts)
+        info, gpus = self._session.collect()
+        return _assemble(info, gpus, facts)
+
+    __call__ = collect
+
+    def close(self) -> None:
+        if self._session is not None:
+            self._session.close()
+
+    def __enter__(self) -> "InventoryCollector":
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def collect_inventory(
@@ -22,28 +103,19 @@ def collect_inventory(
     fixture_host: str | None = None,
     sysfs_root: Path = Path("/"),
 ) -> Inventory:
-    """This host's inventory, or the recorded ``fixture_host`` of ``fixture``.
+    """This host's inventory, or the recorded ``fixture_host`` of ``fixture``: one collection.
 
     With a fixture, its GPUs come from a fake NVML and its CPU, memory, huge
     page, disk and identity facts replace this machine's (``sysfs_root`` is
     then unused). Raises ``FixtureError`` for a fixture it cannot use; a host
     without NVML is reported as CPU-only, never an error.
     """
-    if fixture is not None:
-        host = load_host(fixture, fixture_host)
-        return inventory_from(FakeNvml(host), host_facts(host))
-    if fixture_host is not None:
-        raise ValueError("fixture_host needs a fixture")
-    facts = collect_host(sysfs_root)
-    try:
-        nvml = load_pynvml()
-    except ImportError as exc:  # nvidia-ml-py missing: a CPU-only report, not a crash
-        return _assemble(Nvml(available=False, error=type(exc).__name__), [], facts)
-    return inventory_from(nvml, facts)
+    with InventoryCollector(fixture, fixture_host, sysfs_root) as collector:
+        return collector.collect()
 
 
 def inventory_from(nvml: NvmlApi, facts: HostFacts) -> Inventory:
-    """An inventory from any pynvml-like module and a host's facts."""
+    """An inventory from any pynvml-like module and a host's facts (one collection)."""
     info, gpus = collect_gpus(nvml)
     return _assemble(info, gpus, facts)
 

@@ -2,23 +2,40 @@
 
 ``FakeNvml`` answers the pynvml calls the inventory makes the way the driver
 does: the real module's exception classes, constants and struct types; opaque,
-unequal, unhashable handles; reference-counted init; ``Uninitialized`` before
+unequal, unhashable handles (``ctypes`` pointers to one ``struct_c_nvmlDevice_t``
+per GPU, as pynvml's are); reference-counted init; ``Uninitialized`` before
 init; ``NotSupported`` for MIG on GPUs without it; ``NotFound`` for empty MIG
 slots; ``bytes`` strings in ``bytes_mode`` (nvidia-ml-py ≤ 11.510); and failures
 injected per call and per GPU. The privileged GI/CI calls are not faked: the
 inventory does not make them.
 
+A GPU's ``health`` record is served as gpu-health.md §7 says: its XID events
+through event sets (one-shot: queued into the first set the GPU is registered
+on, lost when that set is freed; ``NVMLError_Timeout`` at once when nothing is
+queued, never sleeping), its ECC, retired-page and remapped-row counters, and
+``lost``: every call taking its handle raises ``NVMLError_GpuIsLost`` while
+``nvmlDeviceGetCount`` still counts it and ``nvmlDeviceGetHandleByIndex`` still
+hands out a handle.
+
 The fixture's precomputed ``family`` is never read (``FixtureGpu`` has no such
 field): the inventory derives the family from the name, as it does on hardware.
 """
 
+import collections
 import ctypes
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from agent.inventory.nvml import load_pynvml
-from agent.inventory.recording import FixtureGpu, FixtureHost, FixtureMig, FixtureMigInstance
+from agent.inventory.recording import (
+    FixtureGpu,
+    FixtureHealth,
+    FixtureHost,
+    FixtureMig,
+    FixtureMigInstance,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -26,15 +43,26 @@ R = TypeVar("R")
 # --- the fake --------------------------------------------------------------------
 
 
-class _Handle:
-    """An opaque device handle. Like pynvml's ctypes pointers: unequal and unhashable."""
+@dataclass(frozen=True, slots=True)
+class _Device:
+    """What a handle points at: a GPU, or one MIG device of it."""
 
-    __slots__ = ("gpu", "mig")
-    __hash__ = None  # type: ignore[assignment]
+    gpu: FixtureGpu
+    mig: FixtureMigInstance | None = None
 
-    def __init__(self, gpu: FixtureGpu, mig: FixtureMigInstance | None = None) -> None:
-        self.gpu = gpu
-        self.mig = mig
+
+@dataclass(slots=True)
+class _EventSet:
+    """One event set: the XID events queued for each GPU registered on it."""
+
+    struct: Any  # the pynvml.struct_c_nvmlEventSet_t its handle points at
+    queued: dict[int, collections.deque[int]] = field(default_factory=dict)  # GPU index → XIDs
+
+
+_HEALTHY: Final = FixtureHealth()
+_WHOLE_GPU: Final = 0xFFFFFFFF  # gpuInstanceId / computeInstanceId of an event for the whole GPU
+# Calls that take no handle of a lost GPU, or still answer for one (gpu-health.md §7).
+_ANSWER_WHEN_LOST: Final = frozenset({"nvmlDeviceGetHandleByIndex"})
 
 
 Failure = BaseException | type[BaseException]
@@ -74,6 +102,7 @@ class FakeNvml:
     ``init_exception``, or ``LibraryNotFound`` when NVML is not available).
     Any other pynvml attribute (constants, exception classes, struct types)
     is the real module's; other pynvml functions do not exist here.
+    ``calls`` counts every call made, by function name.
     """
 
     def __init__(
@@ -96,17 +125,36 @@ class FakeNvml:
             else getattr(real, host.nvml.init_exception or "", real.NVMLError_LibraryNotFound)
         )
         self._pci_type: Any = _legacy_pci_type(real) if bytes_mode else real.nvmlPciInfo_t
+        self.calls: collections.Counter[str] = collections.Counter()
+        # One device struct per GPU and per MIG device: handles are pointers to them, so two
+        # lookups of one GPU are unequal objects that point at the same address.
+        self._structs: dict[tuple[int, int | None], Any] = {}
+        self._devices: dict[int, _Device] = {}  # struct address → what it stands for
+        for gpu in host.gpus:
+            self._add_device(_Device(gpu))
+            for instance in gpu.mig.instances:
+                self._add_device(_Device(gpu, instance))
+        self._sets: dict[int, _EventSet] = {}  # event set struct address → the set
+        self._xids_queued: set[int] = set()  # GPUs whose XID events went into a set already
         # What collect_gpus reads off the module (NvmlApi), spelled out for mypy.
         self.NVMLError: type[Exception] = real.NVMLError
         self.NVMLError_NotSupported: type[Exception] = real.NVMLError_NotSupported
         self.NVMLError_NotFound: type[Exception] = real.NVMLError_NotFound
         self.NVMLError_InvalidArgument: type[Exception] = real.NVMLError_InvalidArgument
         self.NVMLError_GpuIsLost: type[Exception] = real.NVMLError_GpuIsLost
+        self.NVMLError_ResetRequired: type[Exception] = real.NVMLError_ResetRequired
+        self.NVMLError_FunctionNotFound: type[Exception] = real.NVMLError_FunctionNotFound
+        self.NVMLError_Timeout: type[Exception] = real.NVMLError_Timeout
+        self.NVMLError_Unknown: type[Exception] = real.NVMLError_Unknown
         self.NVML_DEVICE_MIG_ENABLE: int = real.NVML_DEVICE_MIG_ENABLE
         self.NVML_FEATURE_ENABLED: int = real.NVML_FEATURE_ENABLED
         self.NVML_TEMPERATURE_GPU: int = real.NVML_TEMPERATURE_GPU
         self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int = real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         self.NVML_VOLATILE_ECC: int = real.NVML_VOLATILE_ECC
+        # "nvml…" names are functions to __getattr__; these constants are spelled out.
+        self.nvmlEventTypeXidCriticalError: int = real.nvmlEventTypeXidCriticalError
+        self.nvmlEventTypeSingleBitEccError: int = real.nvmlEventTypeSingleBitEccError
+        self.nvmlEventTypeDoubleBitEccError: int = real.nvmlEventTypeDoubleBitEccError
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("nvml") or name.startswith("_"):
@@ -115,15 +163,35 @@ class FakeNvml:
 
     # --- plumbing ---
 
+    def _add_device(self, device: _Device) -> None:
+        struct = self._real.struct_c_nvmlDevice_t()
+        key = (device.gpu.index, device.mig.mig_device_index if device.mig else None)
+        self._structs[key] = struct
+        self._devices[ctypes.addressof(struct)] = device
+
+    def _handle(self, gpu: FixtureGpu, mig: FixtureMigInstance | None = None) -> Any:
+        """A new pointer to the device's struct (an ``LP_struct_c_nvmlDevice_t``, as pynvml's)."""
+        return ctypes.pointer(self._structs[gpu.index, mig.mig_device_index if mig else None])
+
+    def _resolve(self, handle: object) -> _Device | None:
+        """The device a handle points at; None for anything that is not one of ours."""
+        if not isinstance(handle, self._real.c_nvmlDevice_t) or not handle:
+            return None
+        return self._devices.get(ctypes.addressof(handle.contents))
+
     def _enter(self, name: str, first: object) -> None:
+        self.calls[name] += 1
         if self._refcount == 0:
             raise self._real.NVMLError_Uninitialized()
-        index = first.gpu.index if isinstance(first, _Handle) else None
+        device = self._resolve(first)
+        index = device.gpu.index if device is not None else None
         if name == "nvmlDeviceGetHandleByIndex" and isinstance(first, int):
             index = first
         failure = self._failures.get((name, index)) or self._failures.get((name, None))
         if failure is not None:
             raise failure() if isinstance(failure, type) else failure
+        if device is not None and name not in _ANSWER_WHEN_LOST and _health(device.gpu).lost:
+            raise self._real.NVMLError_GpuIsLost()  # fallen off the bus: every call on it fails
 
     def _str(self, value: str) -> str | bytes:
         return value.encode() if self._bytes else value
@@ -134,10 +202,11 @@ class FakeNvml:
             raise ctypes.ArgumentError("argument 1: TypeError: wrong type")
         return value.decode() if isinstance(value, bytes) else value
 
-    def _any(self, handle: object) -> _Handle:
-        if not isinstance(handle, _Handle):
+    def _any(self, handle: object) -> _Device:
+        device = self._resolve(handle)
+        if device is None:
             raise self._real.NVMLError_InvalidArgument()
-        return handle
+        return device
 
     def _device(self, handle: object) -> FixtureGpu:
         """The GPU of a full-device handle; per-device facts are refused on MIG handles."""
@@ -173,6 +242,8 @@ class FakeNvml:
     @_nvml_call
     def nvmlShutdown(self) -> None:
         self._refcount -= 1
+        if self._refcount == 0:
+            self._sets.clear()  # a set does not outlive its init, nor do its queued events
 
     @_nvml_call
     def nvmlSystemGetDriverVersion(self) -> str | bytes:
@@ -199,14 +270,14 @@ class FakeNvml:
     def nvmlDeviceGetHandleByIndex(self, index: int, /) -> object:
         if not 0 <= index < len(self._host.gpus):
             raise self._real.NVMLError_InvalidArgument()
-        return _Handle(self._host.gpus[index])
+        return self._handle(self._host.gpus[index])  # a lost GPU's too: its calls then fail
 
     @_nvml_call
     def nvmlDeviceGetHandleByUUID(self, uuid: str | bytes, /) -> object:
         wanted = self._arg(uuid)
         for gpu in self._host.gpus:
             if gpu.uuid == wanted:
-                return _Handle(gpu)
+                return self._found(gpu)
         raise self._real.NVMLError_NotFound()
 
     @_nvml_call
@@ -214,8 +285,14 @@ class FakeNvml:
         wanted = self._arg(bus_id).upper()
         for gpu in self._host.gpus:
             if wanted in (gpu.pci.busId.upper(), gpu.pci.busIdLegacy.upper()):
-                return _Handle(gpu)
+                return self._found(gpu)
         raise self._real.NVMLError_NotFound()
+
+    def _found(self, gpu: FixtureGpu) -> object:
+        """A GPU looked up by UUID or bus id: a lost one cannot be reached that way."""
+        if _health(gpu).lost:
+            raise self._real.NVMLError_GpuIsLost()
+        return self._handle(gpu)
 
     @_nvml_call
     def nvmlDeviceGetIndex(self, handle: object, /) -> int:
@@ -307,6 +384,8 @@ class FakeNvml:
     def nvmlDeviceGetEccMode(self, handle: object, /) -> list[int]:
         return list(self._supported(self._device(handle).ecc_mode))
 
+    # --- health counters (gpu-health.md §1, §7) ---
+
     @_nvml_call
     def nvmlDeviceGetTotalEccErrors(
         self, handle: object, error_type: int, counter_type: int, /
@@ -314,9 +393,94 @@ class FakeNvml:
         gpu = self._device(handle)
         if not gpu.ecc_mode or not gpu.ecc_mode[0]:
             raise self._real.NVMLError_NotSupported()  # no counters while ECC is off
-        uncorrected = error_type == self._real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-        volatile = counter_type == self._real.NVML_VOLATILE_ECC
-        return gpu.ecc_uncorrected_volatile if uncorrected and volatile else 0
+        if error_type != self._real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            return 0  # corrected errors: none recorded
+        if counter_type not in (self._real.NVML_VOLATILE_ECC, self._real.NVML_AGGREGATE_ECC):
+            raise self._real.NVMLError_InvalidArgument()
+        recorded = _health(gpu).ecc_uncorrected_volatile
+        # The aggregate counter gives the same number: nothing older was recorded.
+        return recorded if recorded is not None else gpu.ecc_uncorrected_volatile
+
+    @_nvml_call
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: object, /) -> int:
+        pending = self._supported(_health(self._device(handle)).retired_pages_pending)
+        return int(self._real.NVML_FEATURE_ENABLED if pending else self._real.NVML_FEATURE_DISABLED)
+
+    @_nvml_call
+    def nvmlDeviceGetRemappedRows(self, handle: object, /) -> tuple[int, int, int, int]:
+        # Served as recorded even with MIG on (real drivers say NotSupported while instances exist).
+        h = self._any(handle)
+        if h.mig is not None:
+            raise self._real.NVMLError_NotSupported()
+        rows = self._supported(_health(h.gpu).remapped_rows)
+        return (rows.correctable, rows.uncorrectable, int(rows.pending), int(rows.failure))
+
+    # --- events (gpu-health.md §5, §7) ---
+
+    def _supported_events(self, gpu: FixtureGpu) -> int:
+        """XID always; single- and double-bit ECC events only with ECC on (this fake's choice)."""
+        mask = int(self._real.nvmlEventTypeXidCriticalError)
+        if gpu.ecc_mode and gpu.ecc_mode[0]:
+            mask |= self._real.nvmlEventTypeSingleBitEccError
+            mask |= self._real.nvmlEventTypeDoubleBitEccError
+        return mask
+
+    def _set(self, event_set: object) -> _EventSet:
+        if not isinstance(event_set, self._real.c_nvmlEventSet_t) or not event_set:
+            raise self._real.NVMLError_InvalidArgument()
+        found = self._sets.get(ctypes.addressof(event_set.contents))
+        if found is None:  # freed, or never created here
+            raise self._real.NVMLError_InvalidArgument()
+        return found
+
+    @_nvml_call
+    def nvmlEventSetCreate(self) -> Any:
+        struct = self._real.struct_c_nvmlEventSet_t()
+        self._sets[ctypes.addressof(struct)] = _EventSet(struct)
+        return ctypes.pointer(struct)
+
+    @_nvml_call
+    def nvmlEventSetFree(self, event_set: object, /) -> None:
+        found = self._set(event_set)
+        del self._sets[ctypes.addressof(found.struct)]  # what was still queued is gone
+
+    @_nvml_call
+    def nvmlDeviceGetSupportedEventTypes(self, handle: object, /) -> int:
+        return self._supported_events(self._device(handle))
+
+    @_nvml_call
+    def nvmlDeviceRegisterEvents(
+        self, handle: object, event_types: int, event_set: object, /
+    ) -> None:
+        # No per-instance events: MIG device handles are refused (nvml.h, nvmlEventSetWait_v2).
+        gpu = self._device(handle)
+        found = self._set(event_set)
+        if not event_types or event_types & ~self._supported_events(gpu):
+            raise self._real.NVMLError_NotSupported()
+        xid = int(self._real.nvmlEventTypeXidCriticalError)
+        if event_types & xid and gpu.index not in self._xids_queued:
+            # One-shot, as the driver: an event reaches the set registered when it happened,
+            # never a later one.
+            self._xids_queued.add(gpu.index)
+            found.queued[gpu.index] = collections.deque(e.xid for e in _health(gpu).xid_events)
+
+    @_nvml_call
+    def nvmlEventSetWait_v2(self, event_set: object, timeoutms: int, /) -> Any:
+        found = self._set(event_set)
+        for index in sorted(found.queued):  # GPUs in index order
+            queue = found.queued[index]
+            if queue:
+                return self._real.c_nvmlEventData_t(
+                    device=self._handle(self._host.gpus[index]),
+                    eventType=self._real.nvmlEventTypeXidCriticalError,
+                    eventData=queue.popleft(),
+                    gpuInstanceId=_WHOLE_GPU,
+                    computeInstanceId=_WHOLE_GPU,
+                )
+        raise self._real.NVMLError_Timeout()  # at once, whatever timeoutms says: never sleeps
+
+    def nvmlEventSetWait(self, event_set: object, timeoutms: int, /) -> Any:
+        return self.nvmlEventSetWait_v2(event_set, timeoutms)  # an alias in pynvml 13.x
 
     # --- MIG, unprivileged path ---
 
@@ -345,7 +509,7 @@ class FakeNvml:
             raise self._real.NVMLError_InvalidArgument()
         for instance in mig.instances:
             if instance.mig_device_index == index:
-                return _Handle(gpu, instance)
+                return self._handle(gpu, instance)
         raise self._real.NVMLError_NotFound()  # an empty slot: callers continue
 
     @_nvml_call
@@ -358,7 +522,7 @@ class FakeNvml:
         h = self._any(handle)
         if h.mig is None:
             raise self._real.NVMLError_InvalidArgument()
-        return _Handle(h.gpu)
+        return self._handle(h.gpu)
 
     @_nvml_call
     def nvmlDeviceGetGpuInstanceId(self, handle: object, /) -> int:
@@ -377,6 +541,11 @@ class FakeNvml:
             computeInstanceSliceCount=mig.compute_instance_slice_count,
             memorySizeMB=mig.memory_size_mib,
         )
+
+
+def _health(gpu: FixtureGpu) -> FixtureHealth:
+    """The GPU's health record; without one, a healthy GPU's answers."""
+    return gpu.health if gpu.health is not None else _HEALTHY
 
 
 @functools.cache

@@ -150,6 +150,11 @@ def machine_id(root: Path, hostname: str) -> str:
     return "host-" + hashlib.sha256(hostname.encode()).hexdigest()[:32]
 
 
+def boot_id(root: Path) -> str | None:
+    """The kernel's boot id (a new one each boot): what GPU health verdicts are kept for."""
+    return _read(root / "proc/sys/kernel/random/boot_id") or None
+
+
 def _int_or_none(value: object) -> int | None:
     """psutil's count, or None where it cannot tell (it answers None, untyped here)."""
     return int(value) if isinstance(value, int) else None

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from msgspec import Struct
+from msgspec import Struct, field
 
 from agent.inventory.host import HostFacts
 from shared.inventory import Cpu, Filesystem, HugepagePool, Hugepages
@@ -51,6 +51,33 @@ class FixtureMig(Struct):
     instances: list[FixtureMigInstance] = []
 
 
+class FixtureXid(Struct):
+    xid: int
+
+
+class FixtureRemappedRows(Struct):
+    """nvmlDeviceGetRemappedRows(h) as recorded: (correctable, uncorrectable, pending, failure)."""
+
+    correctable: int = 0
+    uncorrectable: int = 0
+    pending: bool = False
+    failure: bool = False
+
+
+class FixtureHealth(Struct):
+    """A GPU's ``health`` record (the reference's ``conventions``, gpu-health.md §7).
+
+    A key left out takes a healthy GPU's answer; an explicit null in
+    ``retired_pages_pending`` or ``remapped_rows`` is NotSupported.
+    """
+
+    lost: bool = False  # every call taking the GPU's handle raises GpuIsLost
+    xid_events: list[FixtureXid] = []  # queued, once, into the first event set it is registered on
+    ecc_uncorrected_volatile: int | None = None  # None: the GPU's own ecc_uncorrected_volatile
+    retired_pages_pending: bool | None = False
+    remapped_rows: FixtureRemappedRows | None = field(default_factory=FixtureRemappedRows)
+
+
 class FixtureGpu(Struct):
     index: int
     name: str
@@ -69,6 +96,7 @@ class FixtureGpu(Struct):
     temperature_gpu_c: int | None = None
     ecc_mode: tuple[int, int] | None = None  # None: GetEccMode raises NotSupported
     ecc_uncorrected_volatile: int = 0
+    health: FixtureHealth | None = None  # None: a healthy GPU (no events, counters clear)
 
 
 class FixtureNvml(Struct):
