@@ -54,6 +54,9 @@ def test_recorded_host_gpus(host_id: str) -> None:
     assert len(inv.gpus) == raw["gpu_count"] == len(raw["gpus"])
     for gpu, want in zip(inv.gpus, raw["gpus"], strict=True):
         assert gpu.index == want["index"]
+        if (want.get("health") or {}).get("lost"):  # H5: no call reaches it; reported lost
+            assert (gpu.uuid, gpu.health) == (f"GPU-lost-{gpu.index}", "unhealthy")
+            continue
         assert gpu.name == want["name"]
         assert gpu.uuid == want["uuid"]
         assert gpu.serial == want["serial"]
@@ -94,7 +97,10 @@ def test_recorded_host_facts(host_id: str) -> None:
 def test_recorded_host_families_match_the_rule(host_id: str) -> None:
     """N1: each GPU's family, derived from its name, is the one the reference records."""
     inv = collect_inventory(FIXTURES, host_id)
-    assert [g.family for g in inv.gpus] == [g["family"] for g in HOSTS[host_id]["gpus"]]
+    assert [g.family for g in inv.gpus] == [
+        None if (g.get("health") or {}).get("lost") else g["family"]  # H5: a lost GPU has no name
+        for g in HOSTS[host_id]["gpus"]
+    ]
 
 
 def test_fixture_family_is_never_read() -> None:
@@ -245,9 +251,9 @@ def test_bytes_mode_really_returns_bytes() -> None:
 # --- failures ----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("error", [pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_NoPermission])
-def test_one_unreachable_gpu_leaves_the_others(error: type[Exception]) -> None:
-    """fake-nvml §4.9: a GPU lost or hidden at GetHandleByIndex is skipped and logged."""
+def test_one_hidden_gpu_leaves_the_others() -> None:
+    """fake-nvml §4.9: a GPU hidden at GetHandleByIndex (NoPermission) is skipped and logged."""
+    error = pynvml.NVMLError_NoPermission
     with structlog.testing.capture_logs() as logs:
         inv = inventory("dgx-h100-01", failures={("nvmlDeviceGetHandleByIndex", 3): error})
     assert [g.index for g in inv.gpus] == [0, 1, 2, 4, 5, 6, 7]
@@ -256,8 +262,21 @@ def test_one_unreachable_gpu_leaves_the_others(error: type[Exception]) -> None:
     ].items()
 
 
-def test_gpu_lost_mid_read_is_skipped() -> None:
-    """fake-nvml §2: a GPU lost during its reads is left out; an optional fact never hides it."""
+def test_gpu_lost_at_its_handle_is_reported_lost() -> None:
+    """H5: a GPU lost at GetHandleByIndex stays in the report, unhealthy gpu_lost."""
+    inv = inventory(
+        "dgx-h100-01", failures={("nvmlDeviceGetHandleByIndex", 3): pynvml.NVMLError_GpuIsLost}
+    )
+    assert [g.index for g in inv.gpus] == list(range(8))
+    assert (inv.gpus[3].uuid, inv.gpus[3].health, inv.gpus[3].health_reasons) == (
+        "GPU-lost-3",
+        "unhealthy",
+        ["gpu_lost"],
+    )
+
+
+def test_gpu_lost_mid_read_is_reported_lost() -> None:
+    """H5, fake-nvml §2: a GPU lost during its reads is reported lost; the others are whole."""
     inv = inventory(
         "dgx-a100-02",
         failures={
@@ -265,7 +284,9 @@ def test_gpu_lost_mid_read_is_skipped() -> None:
             ("nvmlDeviceGetUUID", 6): pynvml.NVMLError_GpuIsLost,
         },
     )
-    assert [g.index for g in inv.gpus] == [0, 1, 3, 4, 5, 7]
+    assert [g.index for g in inv.gpus] == list(range(8))
+    assert [g.index for g in inv.gpus if g.health_reasons == ["gpu_lost"]] == [2, 6]
+    assert {g.health for i, g in enumerate(inv.gpus) if i not in (2, 6)} == {"healthy"}
 
 
 def test_unsupported_optional_facts_are_null() -> None:
