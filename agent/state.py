@@ -63,6 +63,7 @@ def units_of(spec: dict[str, Any]) -> NodeSpecUnits:
             "version": spec["version"],
             "units": spec.get("units", []),
             "reboot": spec.get("reboot", False),
+            "booked_gpus": spec.get("bookedGpus", []),
         },
         NodeSpecUnits,
         strict=False,

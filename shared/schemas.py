@@ -433,6 +433,7 @@ class NodeSpec(Answer):
     policy: dict[str, Any]
     units: list[Unit]
     reboot: bool
+    booked_gpus: list[str]  # H4: GPUs with a live booking when the spec was rendered
 
 
 class ResourceRowView(Answer):

@@ -133,20 +133,21 @@ def configured(
     with the failed ids as the reason; a unit that needs a reboot leaves a ready node ready
     with ``pending_reboot``; a new spec not yet reported keeps a ready node ready.
     """
+    outcomes = {u["id"]: u.get("status") for u in (applied or {}).get("units", [])}
+    # failed, or an outcome this control plane does not know: not clean, whichever spec
+    # version it was reported for (the spec may have moved since, with a booking)
+    failed = sorted(i for i, s in outcomes.items() if s not in CLEAN and s != "pending-reboot")
+    if failed:
+        return Configured(
+            CONFIGURING, f"units failed: {', '.join(failed)}", applied_version, pending_reboot
+        )
     if applied is None or applied.get("version") != spec_version:
         if was_ready and applied_version is not None:
             return Configured(READY, None, applied_version, pending_reboot)
         return Configured(
             CONFIGURING, "waiting for the agent to apply its NodeSpec", applied_version, False
         )
-    outcomes = {u["id"]: u.get("status") for u in applied.get("units", [])}
-    # failed, or an outcome this control plane does not know: not clean
-    failed = sorted(i for i, s in outcomes.items() if s not in CLEAN and s != "pending-reboot")
     reboot = sorted(i for i, status in outcomes.items() if status == "pending-reboot")
-    if failed:
-        return Configured(
-            CONFIGURING, f"units failed: {', '.join(failed)}", applied_version, bool(reboot)
-        )
     if reboot:
         if was_ready:
             return Configured(READY, None, applied_version, True)

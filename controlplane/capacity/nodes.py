@@ -165,29 +165,34 @@ def unit_key(unit: Unit) -> str:
     return hashlib.sha256(msgspec.json.encode(msgspec.structs.replace(unit, gpus=[]))).hexdigest()
 
 
-def gated_gpus(
-    db: sqlite_utils.Database, node: dict[str, Any], units: NodeSpecUnits, version: str | None
-) -> frozenset[str]:
-    """H4: the GPUs of the spec's drain-gated units that differ from what the agent last
-    reported applied (or unchanged) under the same unit id: they leave placement from the
-    render until it does. Kept per unit, not per spec version, since every booking moves
-    the version and a sharing unit lists every GPU of the host."""
+def record_applied(db: sqlite_utils.Database, node: dict[str, Any]) -> dict[str, str]:
+    """H4: which units the agent reports applied (or unchanged), by id, with the key of the
+    unit it took. Taken from the spec the report was for (the stored one, before this
+    reconcile renders anew: a booking may move the version meanwhile)."""
     done: dict[str, str] = (
         msgspec.json.decode(node["applied_units"]) if node["applied_units"] else {}
     )
     report = msgspec.json.decode(node["applied"]) if node["applied"] else {}
-    if report.get("version") == version:
-        keys = {unit.id: unit_key(unit) for unit in units.units}
-        took = {
-            u["id"]: keys[u["id"]]
-            for u in report.get("units", [])
-            if u.get("status") in ("applied", "unchanged") and u.get("id") in keys
-        }
-        if any(done.get(i) != key for i, key in took.items()):
-            done = {**done, **took}
-            node_sql.update_node(
-                db, node["id"], {"applied_units": msgspec.json.encode(done).decode()}
-            )
+    if report.get("version") != node["spec_version"]:
+        return done
+    stored = node_sql.spec_of(db, node["id"])
+    keys = {unit.id: unit_key(unit) for unit in stored.units} if stored else {}
+    took = {
+        u["id"]: keys[u["id"]]
+        for u in report.get("units", [])
+        if u.get("status") in ("applied", "unchanged") and u.get("id") in keys
+    }
+    if any(done.get(i) != key for i, key in took.items()):
+        done = {**done, **took}
+        node_sql.update_node(db, node["id"], {"applied_units": msgspec.json.encode(done).decode()})
+    return done
+
+
+def gated_gpus(units: NodeSpecUnits, done: dict[str, str]) -> frozenset[str]:
+    """H4: the GPUs of the spec's drain-gated units that differ from what the agent last
+    reported applied under the same unit id: they leave placement from the render until it
+    does. Kept per unit, not per spec version, since every booking moves the version and a
+    sharing unit lists every GPU of the host."""
     return frozenset(
         gpu
         for unit in units.units
@@ -206,6 +211,7 @@ def respecify(
     until its GPUs are idle.
     """
     booked = node_sql.booked_gpus(db, node["id"])
+    done = record_applied(db, node)
     try:
         units = render(
             policy,
@@ -220,13 +226,13 @@ def respecify(
             f"this host cannot take the policy: {exc.field}: {exc.message}",
             False,
             node["spec_version"],
-            gated_gpus(db, node, kept, node["spec_version"]) if kept else frozenset(),
+            gated_gpus(kept, done) if kept else frozenset(),
         )
     version = served_version(node, units)
     if version != node["spec_version"]:
         node_sql.put_spec(db, node["id"], msgspec.json.encode(units).decode(), version)
     held_layout = bool(booked) and node["sharing"] == "mig" and policy.migLayout is not UNSET
-    return Respecified(None, held_layout, version, gated_gpus(db, node, units, version))
+    return Respecified(None, held_layout, version, gated_gpus(units, done))
 
 
 def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:

@@ -100,4 +100,5 @@ def node_spec(db: sqlite_utils.Database, node: dict[str, Any], req: NodesSpec) -
         policy=msgspec.json.decode(pool["policy"]),
         units=units.units,
         reboot=units.reboot,
+        booked_gpus=units.booked_gpus,
     )

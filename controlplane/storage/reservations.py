@@ -133,7 +133,8 @@ def book_atoms(
     count: int,
     reservation_id: str,
 ) -> int:
-    """Book ``count`` free atoms of the node for the reservation; returns how many were booked."""
+    """Book ``count`` free, placeable atoms (healthy, not held: H2, H4, H5) of the node for
+    the reservation; returns how many were booked."""
     profile_filter = "AND profile = ?" if profile is not None else ""
     params: list[Any] = [
         reservation_id,
@@ -145,7 +146,7 @@ def book_atoms(
     return db.execute(
         "UPDATE node_devices SET allocated = 1, reservation_id = ? WHERE node_id = ? AND device_id IN ("
         "SELECT device_id FROM node_devices WHERE node_id = ? AND resource = ? AND allocated = 0 "
-        f"{profile_filter} ORDER BY device_id LIMIT ?)",
+        f"AND unhealthy = 0 AND held = 0 {profile_filter} ORDER BY device_id LIMIT ?)",
         [reservation_id, node_id, *params[1:]],
     ).rowcount
 
