@@ -1,8 +1,11 @@
-"""The placer under random request mixes: never more than a row's capacity, never an atom twice."""
+"""The placer under random mixes of requests and node lifecycle: never more than a row's
+capacity, never an atom twice, nothing placed where it may not be (H2, H3, H4, H5)."""
 
 import asyncio
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from hypothesis import HealthCheck, given, settings
@@ -11,25 +14,62 @@ from hypothesis import strategies as st
 from controlplane.capacity.liveness import Liveness
 from controlplane.iam.decide import Principal
 from controlplane.reconciler import reconcile_pass
-from controlplane.services import iam, joining, pools, reservations, sites
+from controlplane.services import iam, joining, node_ops, pools, reports, reservations, sites
 from controlplane.storage.db import Store
 from shared import schemas as s
+from shared.inventory import Inventory
+from tests.conftest import execute
 from tests.nodes import DGX_POLICY, recorded
 from tests.test_reservations import invariants
 
 ROOT = Principal("cred", "root", None)
+ATTESTORS = frozenset({"join-token"})
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("create"), st.integers(0, 5), st.integers(0, 300)),
         st.tuples(st.just("end"), st.integers(0, 50), st.just(0)),
         st.tuples(st.just("pass"), st.just(0), st.just(0)),
+        st.tuples(st.just("cordon"), st.integers(0, 1), st.just(0)),
+        st.tuples(st.just("uncordon"), st.integers(0, 1), st.just(0)),
+        st.tuples(st.just("drain"), st.integers(0, 1), st.sampled_from([0, 3600])),
+        st.tuples(st.just("remove"), st.integers(0, 1), st.just(0)),
+        st.tuples(st.just("health"), st.integers(0, 1), st.integers(0, 7)),
+        st.tuples(st.just("spec"), st.integers(0, 3), st.just(0)),
+        st.tuples(st.just("apply"), st.integers(0, 1), st.just(0)),
     ),
     min_size=1,
-    max_size=25,
+    max_size=30,
 )
 
 
-async def world(store: Store, tmp: Path) -> str:
+@dataclass
+class Host:
+    node: dict[str, Any]  # the node's authenticated row, as the report handler gets it
+    token: str
+    inventory: Inventory
+    removed: bool = False
+
+
+@dataclass
+class World:
+    pool: str
+    hosts: list[Host] = field(default_factory=list)
+
+
+async def report(store: Store, host: Host, applied: bool) -> None:
+    """The host's agent reports its inventory, and with ``applied`` its spec applied cleanly."""
+    body: dict[str, Any] = {"node_id": host.node["id"], "inventory": host.inventory}
+    if applied:
+        with store.snapshot() as db:
+            spec = reports.node_spec(db, host.node, s.NodesSpec(node_id=host.node["id"]))
+        units = [{"id": u.id, "status": "applied"} for u in spec.units]
+        body["applied"] = {"version": spec.version, "units": units}
+    await reports.report_node(store, Liveness(), host.node, s.NodesReport(**body))
+    with store.snapshot() as db:
+        host.node = reports.authenticate_node(db, host.token) or host.node
+
+
+async def world(store: Store, tmp: Path) -> World:
     iam.bootstrap(store, tmp / "root.token")
     site = await sites.create_site(
         store, ROOT, s.SitesCreate(tenant_id="root", name="f", region="r", kind="shared")
@@ -45,11 +85,12 @@ async def world(store: Store, tmp: Path) -> str:
             policy=DGX_POLICY,
             owner_quota={"gpu": 1000, "vcpu": 100_000},
         ),
-        frozenset({"join-token"}),
+        ATTESTORS,
     )
     token = await joining.create_join_token(
         store, ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=pool.id, max_uses=5)
     )
+    made = World(pool.id)
     for machine in ("a", "b"):  # two hosts: their own machine ids and GPU UUIDs
         dgx = recorded("dgx-h100-01")
         gpus = [msgspec.structs.replace(g, uuid=f"{g.uuid[:-1]}{machine}") for g in dgx.gpus]
@@ -57,14 +98,43 @@ async def world(store: Store, tmp: Path) -> str:
         join = s.NodesJoin(
             join_token=token.token, attestor="join-token", hostname=f"h{machine}", inventory=host
         )
-        await joining.join_node(store, join)
-    return pool.id
+        joined = await joining.join_node(store, join)
+        with store.snapshot() as db:
+            row = reports.authenticate_node(db, joined.token)
+        assert row is not None
+        made.hosts.append(Host(row, joined.token, host))
+        await report(store, made.hosts[-1], applied=True)
+    return made
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def placed(db: Path) -> set[str]:
+    return {r for (r,) in execute(db, "SELECT id FROM reservations WHERE state = 'placed'")}
+
+
+def newly_placed_only_where_allowed(db: Path, before: set[str]) -> None:
+    """H2, H4, H5: a reservation placed by this step is on a ready, schedulable node and holds
+    only healthy, un-held atoms."""
+    for reservation in placed(db) - before:
+        node = execute(
+            db,
+            "SELECT n.state, n.cordon_reason, n.drain_state, n.removed_at FROM reservations r "
+            "JOIN nodes n ON n.id = r.node_id WHERE r.id = ?",
+            (reservation,),
+        )
+        assert node == [("ready", None, None, None)], (reservation, node)
+        atoms = execute(
+            db,
+            "SELECT unhealthy, held FROM node_devices WHERE reservation_id = ?",
+            (reservation,),
+        )
+        assert all(a == (0, 0) for a in atoms), (reservation, atoms)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations)
 def test_random_mixes_never_over_book(ops: list[tuple[str, int, int]]) -> None:
-    """Creates, ends and placer passes in any order keep every booking within capacity."""
+    """Creates, ends, passes, cordons, drains, removals, GPU health flips and spec changes in
+    any order keep every booking within capacity and never place where it may not."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "bc.db")
         try:
@@ -74,15 +144,18 @@ def test_random_mixes_never_over_book(ops: list[tuple[str, int, int]]) -> None:
 
 
 async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
-    pool = await world(store, tmp)
+    w = await world(store, tmp)
     made: list[str] = []
     for kind, a, b in ops:
+        before = placed(store.path)
+        host = w.hosts[a % len(w.hosts)]
+        node = {"tenant_id": "root", "node_id": host.node["id"]}
         if kind == "create" and (a or b):
             asked = s.ReservationResources(
                 **({"gpu": a} if a else {}), **({"vcpu": b} if b else {})
             )
             done = await reservations.create_reservation(
-                store, ROOT, s.ReservationsCreate(tenant_id="root", pool_id=pool, resources=asked)
+                store, ROOT, s.ReservationsCreate(tenant_id="root", pool_id=w.pool, resources=asked)
             )
             made.append(done.id)
         elif kind == "end" and made:
@@ -91,4 +164,33 @@ async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
             )
         elif kind == "pass":
             await store.write(lambda db: reconcile_pass(db, Liveness(), 3600, True))
+        elif host.removed:
+            pass
+        elif kind == "cordon":
+            await node_ops.cordon(store, Liveness(), ROOT, s.NodesCordon(**node, reason="r"))
+        elif kind == "uncordon":
+            await node_ops.uncordon(store, Liveness(), ROOT, s.NodesUncordon(**node))
+        elif kind == "drain":
+            ask = s.NodesDrain(**node, reason="r", deadline_seconds=b)
+            await node_ops.drain(store, Liveness(), ROOT, ask)
+        elif kind == "remove":
+            await node_ops.remove(store, ROOT, s.NodesRemove(**node, force=True))
+            host.removed = True
+        elif kind == "health":
+            gpus = list(host.inventory.gpus)
+            flipped = "healthy" if gpus[b].health != "healthy" else "unhealthy"
+            gpus[b] = msgspec.structs.replace(gpus[b], health=flipped)
+            host.inventory = msgspec.structs.replace(host.inventory, gpus=gpus)
+            await report(store, host, applied=False)
+        elif kind == "spec":
+            policy = {**DGX_POLICY, "hostReserve": {"vcpu": 8 + a, "memoryGiB": 64}}
+            await pools.update_pool(
+                store,
+                ROOT,
+                s.PoolsUpdate(tenant_id="root", pool_id=w.pool, policy=policy),
+                ATTESTORS,
+            )
+        elif kind == "apply":
+            await report(store, host, applied=True)
         invariants(store.path)
+        newly_placed_only_where_allowed(store.path, before)
