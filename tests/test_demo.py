@@ -73,6 +73,22 @@ def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
             ]
         }  # type: ignore[union-attr, index]
         assert capacity["gpu"] == 8 and capacity["vcpu"] == 432
+        # H1: the demo agents apply into their directory roots, so each node becomes ready.
+        states: list[str] = []
+        for _ in range(150):  # bounded: 30 s
+            fleet = api(url, root, "compute/nodes/list", {"tenantId": "root"})["items"]
+            states = sorted(n["state"] for n in fleet)  # type: ignore[index]
+            if states == ["ready"] * 3:
+                break
+            time.sleep(0.2)
+        assert states == ["ready"] * 3, states
+        placed = api(
+            url,
+            acme,
+            "compute/reservations/create",
+            {"tenantId": "acme", "poolId": h100, "resources": {"gpu": 1}},
+        )
+        assert placed["state"] == "placed", placed  # type: ignore[index]
         # The printed hint works as printed: the CLI with acme's token, a table, and --json at the end.
         env = {
             **os.environ,
@@ -86,7 +102,7 @@ def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
             text=True,
             timeout=30,
         )
-        assert table.returncode == 0 and h100 in table.stdout and "gpu 0/4" in table.stdout, (
+        assert table.returncode == 0 and h100 in table.stdout and "gpu 1/4" in table.stdout, (
             table.stderr
         )
         as_json = subprocess.run(
