@@ -61,17 +61,22 @@ def daemon_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     running.kill()
 
 
-@pytest.fixture
-def cli(daemon_once: Daemon, tmp_path: Path) -> Cli:
+def root_cli(daemon: Daemon, tmp_path: Path) -> Cli:
+    """The CLI as root against `daemon`, with nothing from the caller's environment."""
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith("BETTER_COMPUTE_") and key != "XDG_CONFIG_HOME"
     }
     env["XDG_CONFIG_HOME"] = str(tmp_path / "config")  # no stray profile from the real home
-    env["BETTER_COMPUTE_URL"] = daemon_once.url
-    env["BETTER_COMPUTE_TOKEN_FILE"] = str(daemon_once.workdir / "data" / "root.token")
+    env["BETTER_COMPUTE_URL"] = daemon.url
+    env["BETTER_COMPUTE_TOKEN_FILE"] = str(daemon.workdir / "data" / "root.token")
     return Cli(env)
+
+
+@pytest.fixture
+def cli(daemon_once: Daemon, tmp_path: Path) -> Cli:
+    return root_cli(daemon_once, tmp_path)
 
 
 def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
@@ -116,7 +121,9 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     updated = cli.ok_json("pools", "update", pool_id, "--tenant", "root", "--policy", "{}")
     assert updated["version"] > pool["version"]
     capacity = cli("pools", "capacity", pool_id, "--tenant", "root").out
-    assert capacity.split()[:4] == ["RESOURCE", "TOTAL", "ALLOCATED", "AVAILABLE"]
+    assert capacity.split()[:6] == [
+        "RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "OFFERED",
+    ]  # fmt: skip
     assert "items" in cli.ok_json("capacity", pool_id, "--tenant", "root")
 
     rows = cli.ok_json(
@@ -137,7 +144,7 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     join = cli.ok_json("join-tokens", "create", pool_id, "--tenant", "root", "--max-uses", "2")
     assert join["token"] and join["maxUses"] == 2
     assert cli("nodes", "list", pool_id, "--tenant", "root").out.split() == [
-        "ID", "HOSTNAME", "STATE", "GPUS", "LAST", "SEEN",
+        "ID", "HOSTNAME", "STATE", "GPUS", "REASON",
     ]  # fmt: skip
     # A recorded DGX joins through the shared client, as the agent does.
     with ControlPlane(cli.env["BETTER_COMPUTE_URL"]) as plane:
@@ -152,9 +159,9 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
             {"version": spec["version"], "units": units},
         )
     nodes = cli("nodes", "list", pool_id, "--tenant", "root").out
-    assert node["nodeId"] in nodes and "8x" in nodes and "GiB" in nodes
+    assert node["nodeId"] in nodes and "8x H100" in nodes and "ready" in nodes
     shown = cli("nodes", "get", node["nodeId"], "--tenant", "root").out
-    assert "dgx-h100-01" in shown and "RESOURCE" in shown
+    assert "dgx-h100-01" in shown and "RESOURCE" in shown and "80 GiB" in shown
     assert any(line.split()[:2] == ["gpu", "8"] for line in shown.splitlines())  # GPU atoms
 
     # A reservation that cannot be placed is a failure: exit 1 and the reason on stderr.

@@ -4,7 +4,7 @@
 one module per command family registers its commands on that group when imported.
 """
 
-from controlplane.cli import hosts, iam, pools
+from controlplane.cli import hosts, iam, nodes, pools
 from controlplane.cli.core import cli
 
-__all__ = ["cli", "hosts", "iam", "pools"]
+__all__ = ["cli", "hosts", "iam", "nodes", "pools"]

@@ -121,10 +121,23 @@ def emit(answer: Any, render: Callable[[Any], None]) -> None:
         render(answer)
 
 
-def table(headers: list[str] | None, rows: list[list[Any]]) -> None:
+WIDTH = 100  # tables aim to fit a terminal this wide
+FIT_MIN = 20  # ...but a cut column keeps this much, even when the line runs longer
+
+
+def table(headers: list[str] | None, rows: list[list[Any]], fit: int | None = None) -> None:
+    """Aligned columns; `fit` names a free-text column cut short (ending in …) so that a line
+    stays within WIDTH when it can: the whole text is in `--json`."""
     body = [[("-" if v is None else str(v)) for v in row] for row in rows]
     cells = body if headers is None else [headers, *body]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))] if cells else []
+    over = sum(widths) + 2 * (len(widths) - 1) - WIDTH
+    if fit is not None and over > 0:
+        keep = max(widths[fit] - over, len(headers[fit]) if headers else 0, FIT_MIN)
+        for row in body:
+            if len(row[fit]) > keep:
+                row[fit] = row[fit][: keep - 1] + "…"
+        widths[fit] = min(widths[fit], keep)
     for row in cells:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
@@ -140,6 +153,14 @@ def fields(keys: list[str]) -> Callable[[Any], None]:
 
 def items(headers: list[str], row: Callable[[Any], list[Any]]) -> Callable[[Any], None]:
     return lambda answer: table(headers, [row(item) for item in answer["items"]])
+
+
+def short_id(value: str | None) -> str | None:
+    """`pool_01j…x7k2m9qa` as `…x7k2m9qa`: the id's last 8 characters (random in a ULID and in a
+    derived id alike) for a column whose header names the kind and has no room for it whole."""
+    if value is None or len(value) <= 16:
+        return value
+    return f"…{value[-8:]}"
 
 
 def short(value: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Commands for events, join tokens, nodes, reservations and budgets."""
+"""Commands for events, join tokens, reservations and budgets (nodes: `nodes.py`)."""
 
 import time
 from typing import Any
@@ -13,7 +13,6 @@ from controlplane.cli.core import (
     cli,
     emit,
     fields,
-    human_bytes,
     items,
     short,
     table,
@@ -101,7 +100,7 @@ def events_tail(
         pass  # Ctrl-C is how a person stops following: not an error
 
 
-# --- nodes -----------------------------------------------------------------------
+# --- join tokens -----------------------------------------------------------------
 
 
 @cli.group("join-tokens")
@@ -127,55 +126,6 @@ def join_tokens_create(
     emit(
         call("compute/joinTokens/create", body), fields(["token", "poolId", "expiresAt", "maxUses"])
     )
-
-
-def node_row(n: dict[str, Any]) -> list[Any]:
-    gpus = n["gpus"]
-    memory = sum(g["memoryBytes"] for g in gpus)
-    gpu_cell = f"{len(gpus)}x {gpus[0]['name']} ({human_bytes(memory)})" if gpus else "-"
-    return [n["id"], n["hostname"], n["state"], gpu_cell, n.get("lastSeenAt")]
-
-
-NODE_HEADERS = ["ID", "HOSTNAME", "STATE", "GPUS", "LAST SEEN"]
-
-
-def show_node(n: dict[str, Any]) -> None:
-    table(NODE_HEADERS, [node_row(n)])
-    click.echo(f"reason: {n.get('stateReason') or '-'}  spec: {n.get('specVersion') or '-'}")
-    rows = [
-        [r["resource"], r["capacity"], r["allocated"], f"{r['ratio']:g}"] for r in n["resources"]
-    ]
-    # GPU atoms (gpu, gpu.mig by profile, gpu.slot) as rows beside node_resources.
-    atoms: dict[str, list[int]] = {}
-    for device in n.get("devices", []):
-        key = device["resource"] + (f" {device['profile']}" if device.get("profile") else "")
-        counts = atoms.setdefault(key, [0, 0])
-        counts[0] += 1
-        counts[1] += int(device["allocated"])
-    rows += [[key, total, booked, "-"] for key, (total, booked) in sorted(atoms.items())]
-    table(["RESOURCE", "CAPACITY", "ALLOCATED", "RATIO"], rows)
-
-
-@cli.group()
-def nodes() -> None:
-    """Nodes: machines joined to pools."""
-
-
-@nodes.command("list")
-@tenant_option
-@click.argument("pool_id")
-def nodes_list(tenant: str | None, pool_id: str) -> None:
-    """List a pool's nodes."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
-    emit(call("compute/nodes/list", body), items(NODE_HEADERS, node_row))
-
-
-@nodes.command("get")
-@tenant_option
-@click.argument("node_id")
-def nodes_get(tenant: str | None, node_id: str) -> None:
-    """Show one node with its resource rows."""
-    emit(call("compute/nodes/get", {"tenantId": tenant_of(tenant), "nodeId": node_id}), show_node)
 
 
 # --- reservations and budgets ----------------------------------------------------

@@ -51,10 +51,26 @@ def show_pool(p: dict[str, Any]) -> None:
     click.echo(f"policy: {short(p['policy'])}")
 
 
+CAPACITY_HEADERS = ["RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "OFFERED"]
+
+
 def capacity_table(answer: Any) -> None:
+    """H6, the capacity ledger: TOTAL over every node, SCHEDULABLE over ready, schedulable
+    nodes and healthy GPUs, ALLOCATED booked, AVAILABLE schedulable and not booked, OFFERED
+    the quota sold to other tenants (the owner's view only; `-` for anyone else)."""
     table(
-        ["RESOURCE", "TOTAL", "ALLOCATED", "AVAILABLE"],
-        [[r["resource"], r["total"], r["allocated"], r["available"]] for r in answer["items"]],
+        CAPACITY_HEADERS,
+        [
+            [
+                r["resource"],
+                r["total"],
+                r["schedulable"],
+                r["allocated"],
+                r["available"],
+                r.get("offered"),
+            ]
+            for r in answer["items"]
+        ],
     )
 
 
@@ -183,7 +199,7 @@ def pools_archive(tenant: str | None, pool_id: str) -> None:
 @tenant_option
 @click.argument("pool_id")
 def pools_capacity(tenant: str | None, pool_id: str) -> None:
-    """A pool's capacity by resource."""
+    """A pool's capacity ledger by resource (H6)."""
     body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
     emit(call("compute/pools/capacity", body), capacity_table)
 
@@ -192,7 +208,7 @@ def pools_capacity(tenant: str | None, pool_id: str) -> None:
 @tenant_option
 @click.argument("pool_id")
 def capacity(tenant: str | None, pool_id: str) -> None:
-    """A pool's capacity by resource (capacity/byPool)."""
+    """A pool's capacity ledger by resource (capacity/byPool, H6)."""
     body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
     emit(call("compute/capacity/byPool", body), capacity_table)
 
