@@ -77,6 +77,14 @@ def main() -> int:
         )
         started = time.perf_counter()
         store.transact(lambda db: reconcile_pass(db, Liveness(), 3600, True))
+        # H1: each node's agent reports its NodeSpec applied, so every node is ready.
+        store.transact(
+            lambda db: db.execute(
+                "UPDATE nodes SET state = 'ready', state_reason = NULL, "
+                "applied_version = spec_version, "
+                "applied = json_object('version', spec_version, 'units', json('[]'))"
+            )
+        )
         print(f"{args.nodes} nodes with rows and atoms in {time.perf_counter() - started:.1f} s")
         started = time.perf_counter()
         baseline, latencies, placed = asyncio.run(measure(store, args.creates))
