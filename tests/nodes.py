@@ -6,11 +6,27 @@ from typing import Any
 import msgspec
 
 from agent.inventory import collect_inventory
+from controlplane.capacity.liveness import Liveness
+from controlplane.reconciler import PassStats, reconcile_pass
+from controlplane.storage.db import Store
 from shared.inventory import Inventory
 from tests.conftest import Api, execute
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 DGX_POLICY = {"hostReserve": {"vcpu": 8, "memoryGiB": 64}, "overcommit": {"vcpu": 2}}
+
+
+def one_pass(
+    db: Path, liveness: Liveness | None = None, may_mark_lost: bool = True, lost_after: float = 3600
+) -> PassStats:
+    """One reconciler pass on the database file, as the running daemon makes one."""
+    store = Store(db)
+    try:
+        return store.transact(
+            lambda d: reconcile_pass(d, liveness or Liveness(), lost_after, may_mark_lost)
+        )
+    finally:
+        store.close()
 
 
 def recorded(host: str) -> Inventory:

@@ -16,12 +16,11 @@ import msgspec
 import pytest
 
 from agent.apply import Applier, Outcome
-from agent.inventory import collect_inventory
 from agent.plan import describe, for_people
 from shared.inventory import Inventory, MigInstance
 from shared.nodespec import NodeSpecUnits, Unit
-from shared.policy import parse_policy
-from shared.render import render, spec_version
+from shared.render import spec_version
+from tests.test_render import host, spec_of
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 A100_GPU4 = "GPU-d81497cc-a8c5-4a09-6bba-c647d8788415"  # MIG on: 3g.40gb, 2g.20gb, 1g.10gb ×2
@@ -33,26 +32,6 @@ DRAIN_IDS = {
     "timeslice": ["sharing/device-plugin-config"],
     "mps": ["sharing/device-plugin-config", "sharing/mps-unit-file", "sharing/mps-service"],
 }
-
-
-def host(name: str) -> Inventory:
-    return collect_inventory(fixture=FIXTURES, fixture_host=name)
-
-
-def spec_of(
-    policy: dict[str, Any],
-    inventory: Inventory,
-    sharing: str,
-    booked: Sequence[str] = (),
-) -> NodeSpecUnits:
-    families = sorted({g.family for g in inventory.gpus if g.family})
-    return render(
-        parse_policy(policy),
-        sharing=sharing,
-        gpu_model=families[0] if families else None,
-        inventory=inventory,
-        booked_gpus=frozenset(booked),
-    )
 
 
 def drain_units(spec: NodeSpecUnits) -> dict[str, list[str]]:
@@ -81,10 +60,10 @@ def test_the_mig_apply_is_drain_gated_on_the_gpus_it_repartitions() -> None:
 def test_booked_gpus_are_not_in_the_mig_apply_and_are_listed_in_the_spec() -> None:
     """H4, U3: a booked GPU keeps its instances, so it is not among the GPUs mig/apply drains."""
     a100 = host("dgx-a100-02")
-    spec = spec_of(MIG_POLICY, a100, "mig", [A100_GPU4])
+    spec = spec_of(MIG_POLICY, a100, "mig", frozenset([A100_GPU4]))
     assert spec.booked_gpus == [A100_GPU4]
     assert drain_units(spec) == {"mig/apply": [u for u in uuids(a100) if u != A100_GPU4]}
-    two = spec_of(MIG_POLICY, a100, "mig", [A100_GPU5, A100_GPU4])
+    two = spec_of(MIG_POLICY, a100, "mig", frozenset([A100_GPU5, A100_GPU4]))
     assert two.booked_gpus == sorted([A100_GPU4, A100_GPU5])  # sorted, whatever the order given
     assert A100_GPU4 not in two.units[1].gpus and A100_GPU5 not in two.units[1].gpus
 
@@ -201,7 +180,7 @@ def test_a_drain_unit_touching_a_booked_gpu_waits_and_the_rest_is_applied(tmp_pa
     """H4: the sharing config waits for its booked GPU, is not recorded, and the rest applies."""
     l40s = host("l40s-node-03")
     booked = uuids(l40s)[1]
-    spec = spec_of(TIMESLICE, l40s, "timeslice", [booked])
+    spec = spec_of(TIMESLICE, l40s, "timeslice", frozenset([booked]))
     apply, tools = applier(tmp_path)
     report = apply.apply(spec)
     result = {r.id: r for r in report.units}
@@ -343,7 +322,7 @@ def test_undoing_a_drain_unit_waits_for_its_gpus_too(tmp_path: Path) -> None:
 def test_the_plan_shows_drain_units_with_their_gpus() -> None:
     """H4: the local render plan lists each drain-gated unit, its GPUs, and which are booked."""
     a100 = host("dgx-a100-02")
-    plan = describe(spec_of(MIG_POLICY, a100, "mig", [A100_GPU4]))
+    plan = describe(spec_of(MIG_POLICY, a100, "mig", frozenset([A100_GPU4])))
     assert plan["bookedGpus"] == [A100_GPU4]
     assert plan["drain"] == [
         {"id": "mig/apply", "gpus": [u for u in uuids(a100) if u != A100_GPU4], "booked": []}

@@ -11,9 +11,10 @@ from controlplane.app import make_app
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.nodes import isolated
 from controlplane.config import Config
-from controlplane.reconciler import PassStats, reconcile_pass
+from controlplane.reconciler import PassStats
 from controlplane.storage.db import Store
 from shared.inventory import Inventory
+from tests import nodes
 from tests.conftest import Api, execute
 from tests.nodes import (
     DGX_POLICY,
@@ -31,13 +32,8 @@ replace = msgspec.structs.replace
 
 
 def one_pass(db: Path, liveness: Liveness | None = None, may_mark_lost: bool = True) -> PassStats:
-    store = Store(db)
-    try:
-        return store.transact(
-            lambda d: reconcile_pass(d, liveness or Liveness(), 90, may_mark_lost)
-        )
-    finally:
-        store.close()
+    """A pass with the daemon's default 90 s before a silent node is lost."""
+    return nodes.one_pass(db, liveness, may_mark_lost, lost_after=90)
 
 
 async def node_view(api: Api, node: dict[str, Any]) -> Any:

@@ -3,19 +3,8 @@
 from pathlib import Path
 from typing import Any
 
-from controlplane.capacity.liveness import Liveness
-from controlplane.reconciler import reconcile_pass
-from controlplane.storage.db import Store
 from tests.conftest import Api, execute
-from tests.nodes import join, joined, pool_with_token, recorded, twin, wire
-
-
-def one_pass(db: Path) -> Any:
-    store = Store(db)
-    try:
-        return store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
-    finally:
-        store.close()
+from tests.nodes import join, joined, one_pass, pool_with_token, recorded, twin, wire
 
 
 def at(node: dict[str, Any], **body: Any) -> dict[str, Any]:

@@ -5,22 +5,11 @@ from typing import Any
 
 import msgspec
 
-from controlplane.capacity.liveness import Liveness
-from controlplane.reconciler import reconcile_pass
-from controlplane.storage.db import Store
 from tests.conftest import Api, execute
-from tests.nodes import apply_spec, joined, pool_with_token, recorded, twin, wire
+from tests.nodes import apply_spec, joined, one_pass, pool_with_token, recorded, twin, wire
 
 replace = msgspec.structs.replace
 A100_GPU5 = "GPU-62bda8cc-919d-7ce3-272e-7b8aa5da5524"  # seven 1g.10gb instances
-
-
-def one_pass(db: Path) -> Any:
-    store = Store(db)
-    try:
-        return store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
-    finally:
-        store.close()
 
 
 async def node_view(api: Api, node: dict[str, Any]) -> Any:

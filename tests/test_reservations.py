@@ -9,15 +9,7 @@ from controlplane.capacity.liveness import Liveness
 from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
-from tests.nodes import DGX_POLICY, joined, pool_with_token, recorded, twin
-
-
-def one_pass(db: Path) -> None:
-    store = Store(db)
-    try:
-        store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
-    finally:
-        store.close()
+from tests.nodes import DGX_POLICY, joined, one_pass, pool_with_token, recorded, twin
 
 
 def invariants(db: Path) -> None:
