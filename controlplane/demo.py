@@ -101,6 +101,17 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
     raise click.ClickException("the control plane did not become ready")
 
 
+def _wait_nodes(url: str, root: str, count: int, seconds: float = 30) -> list[Any]:
+    """The fleet once ``count`` nodes are ready (H1: their agents applied their NodeSpecs),
+    or as it is after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        nodes = list(_call(url, root, "compute/nodes/list", {"tenantId": "root"})["items"])
+        if sum(n["state"] == "ready" for n in nodes) >= count or time.monotonic() > deadline:
+            return nodes
+        time.sleep(0.2)
+
+
 def _set_up(url: str, root: str, data_dir: Path) -> list[tuple[DemoPool, str]]:
     """Site, pools, tenant acme and its offers, join tokens: idempotent, so a rerun reuses them."""
     sites = _call(url, root, "compute/sites/list", {"tenantId": "root"})["items"]
@@ -221,12 +232,15 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
         pools = _set_up(url, token_file.read_text().strip(), data_dir)
         agents = [_agent(url, data_dir, spec, interval) for spec, _ in pools]
         h100 = next(pool_id for spec, pool_id in pools if spec.key == "demo-h100")
+        nodes = _wait_nodes(url, token_file.read_text().strip(), len(pools))
+        states = ", ".join(f"{n['hostname']} {n['state']}" for n in nodes)
         lines = "\n".join(
             f"  {pool_id}  {spec.gpu_model} {spec.sharing:<9} ← {spec.host}"
             for spec, pool_id in pools
         )
         click.echo(
             f"\nbetter-compute is serving on {url} with three agents on recorded hosts:\n{lines}\n"
+            f"Nodes: {states}.\n"
             f"Tokens: {token_file} (root), {data_dir / 'acme.token'} (tenant acme), mode 0600.\n"
             "NodeSpecs are applied under "
             f"{data_dir / 'agents'}/*/root, never to this machine.\n\n"
@@ -235,7 +249,7 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
             "  .venv/bin/better-compute pools list --tenant acme\n"
             f"  .venv/bin/better-compute pools capacity --tenant acme {h100}\n"
             f"  .venv/bin/better-compute reservations create --tenant acme {h100} --resource gpu=2\n"
-            f"  BETTER_COMPUTE_TOKEN_FILE={token_file} .venv/bin/better-compute nodes list --tenant root {h100}\n"
+            f"  BETTER_COMPUTE_TOKEN_FILE={token_file} .venv/bin/better-compute nodes list --tenant root\n"
             "Ctrl-C stops everything.\n"
         )
         server.wait()

@@ -49,7 +49,8 @@ def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 60
         joined = 0
-        while time.monotonic() < deadline and joined < 3:
+        text = ""
+        while time.monotonic() < deadline and (joined < 3 or "Ctrl-C stops" not in text):
             time.sleep(0.2)
             text = (tmp_path / "demo.log").read_text()
             joined = text.count("joined ")
@@ -57,6 +58,7 @@ def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
         assert joined == 3, (tmp_path / "demo.log").read_text()
         hint = (tmp_path / "demo.log").read_text()
         assert "better-compute pools list --tenant acme" in hint
+        assert "Nodes: " in hint and hint.count(" ready") >= 3, hint
         acme = (tmp_path / "var" / "acme.token").read_text().strip()
         assert oct(os.stat(tmp_path / "var" / "acme.token").st_mode & 0o777) == "0o600"
         pools = api(url, acme, "compute/pools/list", {"tenantId": "acme"})["items"]
