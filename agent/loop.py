@@ -136,7 +136,9 @@ class Agent:
             self.state.save_spec(spec)
             log.info("new spec", version=spec["version"], dry_run=self.settings.dry_run)
         if self.apply(spec):
-            self.report(credential, inventory)  # the control plane hears the outcome now
+            # The control plane hears the outcome now, with the host as the apply left it (a
+            # MIG repartition changed its GPUs' instances: H4 hands their atoms back on this).
+            self.report(credential, self.take_inventory())
 
     def apply(self, spec: dict[str, Any] | None) -> bool:
         """Apply a spec (the kept one when the control plane is away); True if the outcome moved.

@@ -4,7 +4,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import Api, execute
-from tests.nodes import join, joined, one_pass, pool_with_token, recorded, twin, wire
+from tests.nodes import apply_spec, join, joined, one_pass, pool_with_token, recorded, twin, wire
 
 
 def at(node: dict[str, Any], **body: Any) -> dict[str, Any]:
@@ -205,8 +205,10 @@ async def test_h5_the_recorded_sick_hosts(api: Api, db: Path) -> None:
     }
     assert (gpus[0], gpus[7]) == ("unhealthy", "unhealthy")
     assert [i for i, h in gpus.items() if h != "healthy"] == [0, 7]
+    await apply_spec(api, answer, ecc)  # ready: what it sells is its healthy GPUs
     ledger = await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": h200})
     gpu_row = next(r for r in ledger["items"] if r["resource"] == "gpu")
-    assert gpu_row["schedulable"] == 0  # still configuring: its agent has applied nothing
+    # GPU 7 was lost before the agent ever saw it: no name, no family, no atom
+    assert (gpu_row["total"], gpu_row["schedulable"]) == (7, 6)
     events = await event_types(api, "node.gpuUnhealthy")
     assert events == ["node.gpuUnhealthy"] * 4

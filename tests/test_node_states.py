@@ -170,17 +170,34 @@ async def test_h4_gpus_about_to_be_repartitioned_are_never_placed(api: Api, db: 
     assert execute(db, "SELECT state FROM reservations WHERE id = ?", (late["id"],)) == [
         ("pending",)
     ]
-    await apply_spec(api, node, recorded("dgx-a100-02"))
-    assert not [d for d in (await node_view(api, node))["devices"] if d["held"]]
+    # The agent applies it and reports with the host as the apply left it: GPU 5 is one
+    # 7g.80gb now. Its atoms are the new instance's, un-held; the old 1g.10gb are gone.
+    await apply_spec(api, node, repartitioned())
+    view = await node_view(api, node)
+    assert not [d for d in view["devices"] if d["held"]]
+    on_gpu5 = [d["profile"] for d in view["devices"] if d["gpuUuid"] == A100_GPU5]
+    assert on_gpu5 == ["7g.80gb"]
     one_pass(db)
     assert execute(db, "SELECT state FROM reservations WHERE id = ?", (late["id"],)) == [
-        ("placed",)
-    ]
+        ("pending",)
+    ]  # no 1g.10gb is left anywhere: the late one waits rather than land on a destroyed one
+    whole = await reserve(api, pool, {"gpu.mig": 1}, migProfile="7g.80gb")
+    assert whole["state"] == "placed"
+
+
+def repartitioned() -> Any:
+    """The recorded DGX A100 after mig-parted gave GPU 5 one 7g.80gb instance."""
+    a100 = recorded("dgx-a100-02")
+    gpu5 = next(g for g in a100.gpus if g.uuid == A100_GPU5)
+    whole = replace(gpu5.mig_instances[0], uuid="MIG-7g80gb-on-gpu5", profile="7g.80gb")
+    gpus = [replace(g, mig_instances=[whole]) if g.uuid == A100_GPU5 else g for g in a100.gpus]
+    return replace(a100, gpus=gpus)
 
 
 async def test_h4_u3_a_booked_gpu_is_not_in_the_drain_gated_unit(api: Api, db: Path) -> None:
     """H4, U3: with a booking on GPU 5, a new layout for it leaves it out of the drain-gated
-    unit, so nothing of it is held and its free atoms stay placeable."""
+    unit, so nothing of it is held and its free atoms stay placeable; once the booking ends
+    the node is rendered again, GPU 5 is in the unit and held until it is applied."""
     pool, token = await pool_with_token(
         api, gpuModel="A100", sharing="mig", ownerQuota={"gpu.mig": 100}
     )
@@ -197,6 +214,14 @@ async def test_h4_u3_a_booked_gpu_is_not_in_the_drain_gated_unit(api: Api, db: P
     assert all(A100_GPU5 not in u.get("gpus", []) for u in spec["units"])
     assert not [d for d in (await node_view(api, node))["devices"] if d["held"]]
     assert (await reserve(api, pool, {"gpu.mig": 1}, migProfile="1g.10gb"))["state"] == "placed"
+    for (reservation,) in execute(db, "SELECT id FROM reservations WHERE state = 'placed'"):
+        await api.ok("compute/reservations/end", {"tenantId": "root", "reservationId": reservation})
+    one_pass(db)  # the bookings moved: rendered again, GPU 5 idle now
+    held = {d["gpuUuid"] for d in (await node_view(api, node))["devices"] if d["held"]}
+    assert held == {A100_GPU5}
+    spec = await apply_spec(api, node, repartitioned())
+    assert any(A100_GPU5 in u.get("gpus", []) for u in spec["units"])
+    assert not [d for d in (await node_view(api, node))["devices"] if d["held"]]
 
 
 async def test_h5_an_unhealthy_gpu_is_never_placed_and_its_booking_is_flagged(

@@ -133,6 +133,7 @@ def configured(
     with the failed ids as the reason; a unit that needs a reboot leaves a ready node ready
     with ``pending_reboot``; a new spec not yet reported keeps a ready node ready.
     """
+    was_ready = was_ready and applied_version is not None  # ready once applied cleanly
     outcomes = {u["id"]: u.get("status") for u in (applied or {}).get("units", [])}
     # failed, or an outcome this control plane does not know: not clean, whichever spec
     # version it was reported for (the spec may have moved since, with a booking)
@@ -142,7 +143,7 @@ def configured(
             CONFIGURING, f"units failed: {', '.join(failed)}", applied_version, pending_reboot
         )
     if applied is None or applied.get("version") != spec_version:
-        if was_ready and applied_version is not None:
+        if was_ready:
             return Configured(READY, None, applied_version, pending_reboot)
         return Configured(
             CONFIGURING, "waiting for the agent to apply its NodeSpec", applied_version, False

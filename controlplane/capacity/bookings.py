@@ -11,6 +11,7 @@ import sqlite_utils
 
 from controlplane.capacity.meters import gpu_equivalents, meter_of
 from controlplane.storage import events
+from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import epoch, now
@@ -51,6 +52,8 @@ def finish(
     pool = pool_sql.get_pool(db, row["pool_id"])
     assert pool is not None
     booked = res_sql.release(db, row["id"])
+    if pool["sharing"] != "exclusive":  # its GPUs may take their new layout or sharing now
+        node_sql.mark_stale(db, {b["node_id"] for b in booked if b["resource"] in ATOMS.values()})
     if row["state"] in res_sql.LIVE:
         _give_back_quota(db, row, at)
     meter = meter_of(pool["gpu_model"])
@@ -117,6 +120,8 @@ def _book_on(
         if booked != wanted_atoms:  # the candidate query said they were free in this transaction
             raise RuntimeError(f"booked {booked} of {wanted_atoms} {atom} atoms on {node_id}")
         res_sql.insert_booking(db, row["id"], node_id, atom, wanted_atoms)
+        if pool["sharing"] != "exclusive":  # the spec lists booked GPUs (U3, H4): render anew
+            node_sql.mark_stale(db, [node_id])
     for resource, amount in rows_asked.items():
         if not res_sql.book_row(db, node_id, resource, amount):
             raise RuntimeError(f"{resource} on {node_id} was free a moment ago in this transaction")

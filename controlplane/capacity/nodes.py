@@ -188,6 +188,11 @@ def record_applied(db: sqlite_utils.Database, node: dict[str, Any]) -> dict[str,
     return done
 
 
+# The MIG unit lists exactly the idle GPUs whose instances are not yet the layout (render's
+# contract): they stay held until an inventory shows the new instances, whatever was reported.
+MIG_APPLY = "mig/apply"
+
+
 def gated_gpus(units: NodeSpecUnits, done: dict[str, str]) -> frozenset[str]:
     """H4: the GPUs of the spec's drain-gated units that differ from what the agent last
     reported applied under the same unit id: they leave placement from the render until it
@@ -196,7 +201,8 @@ def gated_gpus(units: NodeSpecUnits, done: dict[str, str]) -> frozenset[str]:
     return frozenset(
         gpu
         for unit in units.units
-        if unit.needs == "drain" and done.get(unit.id) != unit_key(unit)
+        if unit.needs == "drain"
+        and (unit.id == MIG_APPLY or done.get(unit.id) != unit_key(unit))
         for gpu in unit.gpus
     )
 

@@ -10,6 +10,7 @@ import sqlite_utils
 
 from controlplane.capacity.admission import (
     CONFIGURING,
+    LOST,
     READY,
     admission,
     check_family,
@@ -25,6 +26,7 @@ from controlplane.services.access import owned_pool
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now, timestamp
 from shared.errors import Conflict, InvalidInput, InvalidState, Unauthenticated
@@ -167,6 +169,8 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
             )
         else:
             node_id = existing["id"]
+            if existing["state"] == LOST:
+                res_sql.clear_node_lost(db, node_id)  # its bookings carry on
             if existing["inventory_hash"] != fields["inventory_hash"]:
                 fields["inventory_rev"] = existing["inventory_rev"] + 1
             node_sql.update_node(db, node_id, fields)

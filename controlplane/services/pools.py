@@ -189,18 +189,22 @@ def pool_capacity(
         if pool["authz_owned"]
         else None
     )
+    ledger = {row["resource"]: row for row in pool_sql.capacity_ledger(db, pool["id"])}
+    # What was sold with no capacity behind it at all is the gap the ledger is there to show.
+    empty = {"total": 0, "schedulable": 0, "allocated": 0, "available": 0}
     return CapacityList(
         items=[
             CapacityRow(
                 pool_id=pool["id"],
-                resource=row["resource"],
+                resource=resource,
                 total=row["total"],
                 schedulable=row["schedulable"],
                 allocated=row["allocated"],
                 available=row["available"],
-                offered=UNSET if offered is None else offered.get(row["resource"], 0),
+                offered=UNSET if offered is None else offered.get(resource, 0),
             )
-            for row in pool_sql.capacity_ledger(db, pool["id"])
+            for resource in sorted(ledger.keys() | (offered or {}).keys())
+            for row in [ledger.get(resource, empty)]
         ]
     )
 

@@ -7,6 +7,7 @@ import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.capacity.admission import (
+    CONFIGURING,
     LOST,
     READY,
     stable_digest,
@@ -64,9 +65,12 @@ async def report_node(
             )
             health_events(db, current, pool["owner_tenant_id"], before, inventory)
         if current["state"] == LOST:
-            # Back: ready for now; the reconcile below re-decides (acceptance, family, render).
-            fields.update(state=READY, state_reason=None)
-            state_event(db, current, pool["owner_tenant_id"], READY, None)
+            # Back: ready if it ever applied a spec cleanly (H1), else still configuring; the
+            # reconcile below re-decides (acceptance, family, render, what it applied).
+            back = READY if current["applied_version"] is not None else CONFIGURING
+            reason = None if back == READY else "waiting for the agent to apply its NodeSpec"
+            fields.update(state=back, state_reason=reason)
+            state_event(db, current, pool["owner_tenant_id"], back, reason)
             res_sql.clear_node_lost(db, current["id"])  # its bookings carry on
         node_sql.update_node(db, current["id"], fields)
         liveness.seen(current["id"])

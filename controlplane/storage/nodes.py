@@ -31,7 +31,10 @@ def use_join_token(db: sqlite_utils.Database, token_id: str) -> None:
 # --- nodes -----------------------------------------------------------------
 
 # H2: a node the placer may book on (nodes as n): ready, not cordoned, not being drained.
-SCHEDULABLE = "(n.state = 'ready' AND n.cordon_reason IS NULL AND n.drain_state IS NULL)"
+SCHEDULABLE = (
+    "(n.state = 'ready' AND n.cordon_reason IS NULL AND n.drain_state IS NULL "
+    "AND n.removed_at IS NULL)"
+)
 
 FACTS = ("logical_cpus", "memory_total_bytes", "hugepages_2mi", "hugepages_1gi", "disk_total_bytes")
 
@@ -101,7 +104,7 @@ def draining(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     return rows(
         db,
         "SELECT n.*, p.owner_tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id "
-        "WHERE n.drain_state = 'draining'",
+        "WHERE n.drain_state = 'draining' AND n.removed_at IS NULL",
     )
 
 
@@ -110,8 +113,9 @@ def remove(db: sqlite_utils.Database, node_id: str, at: str) -> None:
     db.execute("DELETE FROM node_resources WHERE node_id = ?", [node_id])
     db.execute("DELETE FROM node_devices WHERE node_id = ?", [node_id])
     db.execute(
-        "UPDATE nodes SET removed_at = ?, updated_at = ?, identity = NULL, token_hash = NULL "
-        "WHERE id = ?",
+        "UPDATE nodes SET removed_at = ?, updated_at = ?, identity = NULL, token_hash = NULL, "
+        "cordon_reason = NULL, cordoned_at = NULL, drain_reason = NULL, drain_state = NULL, "
+        "drain_started_at = NULL, drain_deadline = NULL WHERE id = ?",
         [at, at, node_id],
     )
 
@@ -167,6 +171,14 @@ def stale_nodes(db: sqlite_utils.Database) -> list[dict[str, Any]]:
 
 def reconcile_row(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]]:
     return rows(db, _RECONCILE + "WHERE n.id = ?", [node_id])
+
+
+def mark_stale(db: sqlite_utils.Database, node_ids: Iterable[str]) -> None:
+    """The node is reconciled (and its spec rendered) again at the next pass: its bookings
+    moved, which a MIG layout (U3) and drain-gated units (H4) depend on."""
+    db.conn.executemany(
+        "UPDATE nodes SET rows_pool_version = -1 WHERE id = ?", [(node_id,) for node_id in node_ids]
+    )
 
 
 def mark_rows_current(

@@ -221,9 +221,11 @@ def flag_unhealthy_bookings(db: sqlite_utils.Database, node_id: str) -> None:
 
 
 def clear_node_lost(db: sqlite_utils.Database, node_id: str) -> None:
+    """The node is back: its bookings lose the NodeLost mark (and keep GpuUnhealthy, H5)."""
     db.execute(
         "UPDATE reservations SET reason = NULL WHERE node_id = ? AND reason = 'NodeLost'", [node_id]
     )
+    flag_unhealthy_bookings(db, node_id)
 
 
 def add_used(
