@@ -29,13 +29,14 @@ operations = st.lists(
         st.tuples(st.just("create"), st.integers(0, 5), st.integers(0, 300)),
         st.tuples(st.just("end"), st.integers(0, 50), st.just(0)),
         st.tuples(st.just("pass"), st.just(0), st.just(0)),
-        st.tuples(st.just("cordon"), st.integers(0, 1), st.just(0)),
-        st.tuples(st.just("uncordon"), st.integers(0, 1), st.just(0)),
-        st.tuples(st.just("drain"), st.integers(0, 1), st.sampled_from([0, 3600])),
-        st.tuples(st.just("remove"), st.integers(0, 1), st.just(0)),
-        st.tuples(st.just("health"), st.integers(0, 1), st.integers(0, 7)),
+        st.tuples(st.just("slots"), st.integers(1, 6), st.just(0)),
+        st.tuples(st.just("cordon"), st.integers(0, 2), st.just(0)),
+        st.tuples(st.just("uncordon"), st.integers(0, 2), st.just(0)),
+        st.tuples(st.just("drain"), st.integers(0, 2), st.sampled_from([0, 3600])),
+        st.tuples(st.just("remove"), st.integers(0, 2), st.just(0)),
+        st.tuples(st.just("health"), st.integers(0, 2), st.integers(0, 7)),
         st.tuples(st.just("spec"), st.integers(0, 3), st.just(0)),
-        st.tuples(st.just("apply"), st.integers(0, 1), st.just(0)),
+        st.tuples(st.just("apply"), st.integers(0, 2), st.just(0)),
     ),
     min_size=1,
     max_size=30,
@@ -52,7 +53,8 @@ class Host:
 
 @dataclass
 class World:
-    pool: str
+    pool: str  # exclusive, two DGX H100
+    shared: str  # timeslice, one L40S: its sharing units are drain-gated (H4)
     hosts: list[Host] = field(default_factory=list)
 
 
@@ -62,7 +64,16 @@ async def report(store: Store, host: Host, applied: bool) -> None:
     if applied:
         with store.snapshot() as db:
             spec = reports.node_spec(db, host.node, s.NodesSpec(node_id=host.node["id"]))
-        units = [{"id": u.id, "status": "applied"} for u in spec.units]
+        booked = set(spec.booked_gpus)  # as the agent does: a drain unit on a booked GPU waits
+        units = [
+            {
+                "id": u.id,
+                "status": "waiting-drain"
+                if u.needs == "drain" and booked & set(u.gpus)
+                else "applied",
+            }
+            for u in spec.units
+        ]
         body["applied"] = {"version": spec.version, "units": units}
     await reports.report_node(store, Liveness(), host.node, s.NodesReport(**body))
     with store.snapshot() as db:
@@ -87,10 +98,27 @@ async def world(store: Store, tmp: Path) -> World:
         ),
         ATTESTORS,
     )
+    shared = await pools.create_pool(
+        store,
+        ROOT,
+        s.PoolsCreate(
+            tenant_id="root",
+            site_id=site.id,
+            pool_class="metal-host",
+            gpu_model="L40S",
+            sharing="timeslice",
+            policy={"replicas": 4},
+            owner_quota={"gpu.slot": 1000},
+        ),
+        ATTESTORS,
+    )
     token = await joining.create_join_token(
         store, ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=pool.id, max_uses=5)
     )
-    made = World(pool.id)
+    shared_token = await joining.create_join_token(
+        store, ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=shared.id)
+    )
+    made = World(pool.id, shared.id)
     for machine in ("a", "b"):  # two hosts: their own machine ids and GPU UUIDs
         dgx = recorded("dgx-h100-01")
         gpus = [msgspec.structs.replace(g, uuid=f"{g.uuid[:-1]}{machine}") for g in dgx.gpus]
@@ -104,6 +132,16 @@ async def world(store: Store, tmp: Path) -> World:
         assert row is not None
         made.hosts.append(Host(row, joined.token, host))
         await report(store, made.hosts[-1], applied=True)
+    l40s = recorded("l40s-node-03")
+    join = s.NodesJoin(
+        join_token=shared_token.token, attestor="join-token", hostname="l40s", inventory=l40s
+    )
+    joined = await joining.join_node(store, join)
+    with store.snapshot() as db:
+        row = reports.authenticate_node(db, joined.token)
+    assert row is not None
+    made.hosts.append(Host(row, joined.token, l40s))
+    await report(store, made.hosts[-1], applied=True)
     return made
 
 
@@ -158,6 +196,14 @@ async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
                 store, ROOT, s.ReservationsCreate(tenant_id="root", pool_id=w.pool, resources=asked)
             )
             made.append(done.id)
+        elif kind == "slots":
+            asked = s.ReservationResources(gpu_slot=a)
+            done = await reservations.create_reservation(
+                store,
+                ROOT,
+                s.ReservationsCreate(tenant_id="root", pool_id=w.shared, resources=asked),
+            )
+            made.append(done.id)
         elif kind == "end" and made:
             await reservations.end_reservation(
                 store, ROOT, s.ReservationsEnd(tenant_id="root", reservation_id=made[a % len(made)])
@@ -178,10 +224,18 @@ async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
             host.removed = True
         elif kind == "health":
             gpus = list(host.inventory.gpus)
+            b %= len(gpus)
             flipped = "healthy" if gpus[b].health != "healthy" else "unhealthy"
             gpus[b] = msgspec.structs.replace(gpus[b], health=flipped)
             host.inventory = msgspec.structs.replace(host.inventory, gpus=gpus)
             await report(store, host, applied=False)
+        elif kind == "spec" and a % 2:
+            await pools.update_pool(  # a sharing change: drain-gated on the L40S
+                store,
+                ROOT,
+                s.PoolsUpdate(tenant_id="root", pool_id=w.shared, policy={"replicas": 2 + 2 * a}),
+                ATTESTORS,
+            )
         elif kind == "spec":
             policy = {**DGX_POLICY, "hostReserve": {"vcpu": 8 + a, "memoryGiB": 64}}
             await pools.update_pool(
