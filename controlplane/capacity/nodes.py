@@ -201,8 +201,7 @@ def gated_gpus(units: NodeSpecUnits, done: dict[str, str]) -> frozenset[str]:
     return frozenset(
         gpu
         for unit in units.units
-        if unit.needs == "drain"
-        and (unit.id == MIG_APPLY or done.get(unit.id) != unit_key(unit))
+        if unit.needs == "drain" and (unit.id == MIG_APPLY or done.get(unit.id) != unit_key(unit))
         for gpu in unit.gpus
     )
 
