@@ -18,12 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import sqlite_utils
-
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Durability, Store, now
+from controlplane.storage.sql import Database
 from shared.ids import new_id
 
 
@@ -32,7 +31,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q / 100))]
 
 
-def add_site(db: sqlite_utils.Database) -> None:
+def add_site(db: Database) -> None:
     site_id = new_id("site")
     site_sql.insert_site(
         db,

@@ -76,7 +76,7 @@ def populate(store: Store, count: int) -> None:
                     at,
                 )
             )
-        db.conn.executemany(
+        db.executemany(
             "INSERT INTO nodes (id, pool_id, hostname, state, created_at, identity, inventory, "
             "inventory_hash, inventory_rev, logical_cpus, memory_total_bytes, hugepages_2mi, "
             "hugepages_1gi, disk_total_bytes, last_seen_at) "

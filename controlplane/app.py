@@ -11,7 +11,6 @@ from importlib.metadata import version
 from typing import Any
 
 import msgspec
-import sqlite_utils
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -29,7 +28,8 @@ from controlplane.services.access import authorize
 from controlplane.services.iam import authenticate, bootstrap, still_live
 from controlplane.services.reports import authenticate_node
 from controlplane.storage.db import Store
-from controlplane.storage.migrations import MIGRATIONS
+from controlplane.storage.migrations import MIGRATIONS, schema_version
+from controlplane.storage.sql import Database
 from shared.errors import (
     ApiError,
     InvalidInput,
@@ -280,7 +280,7 @@ def bearer_token(request: web.Request) -> str:
 
 def identify(
     method: Method,
-    db: sqlite_utils.Database,
+    db: Database,
     token: str | None,
     request: web.Request,
     runtime: Runtime,
@@ -303,9 +303,7 @@ def identify(
     return None
 
 
-def decide_in(
-    db: sqlite_utils.Database, method: Method, token: str | None, caller: Any, body: Any
-) -> None:
+def decide_in(db: Database, method: Method, token: str | None, caller: Any, body: Any) -> None:
     """At the start of each of a mutation's transactions: the caller's credential is still
     live (a revocation committed meanwhile refuses it) and the method's decision holds."""
     if token is not None:
@@ -349,7 +347,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready when the database answers and every migration is applied."""
-    applied = request.app[RUNTIME].db.reader.execute("PRAGMA user_version").fetchone()[0]
+    applied = schema_version(request.app[RUNTIME].db.reader)
     ready = applied == len(MIGRATIONS)
     return json_response(
         {"status": "ready" if ready else "migrating", "schemaVersion": applied},

@@ -15,7 +15,6 @@ import functools
 import time
 from dataclasses import dataclass
 
-import sqlite_utils
 import structlog
 from prometheus_client import Counter
 
@@ -27,6 +26,7 @@ from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage.sql import Database
 
 log = structlog.get_logger("controlplane.reconciler")
 
@@ -42,7 +42,7 @@ class PassStats:
 
 
 def reconcile_pass(
-    db: sqlite_utils.Database, liveness: Liveness, lost_after: float, may_mark_lost: bool
+    db: Database, liveness: Liveness, lost_after: float, may_mark_lost: bool
 ) -> PassStats:
     """One pass: refresh old liveness stamps, mark silent nodes lost, recompute stale nodes."""
     stats = PassStats()

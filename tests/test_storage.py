@@ -4,22 +4,22 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-import sqlite_utils
 
 from controlplane.storage import events
 from controlplane.storage.db import Store
 from controlplane.storage.migrations import MIGRATIONS
+from controlplane.storage.sql import Database
 
 
 def test_a_failed_mutation_leaves_no_row_no_event_and_no_seq_gap(tmp_path: Path) -> None:
     """E1: a mutation that fails after writing rolls back its rows and its event together."""
     store = Store(tmp_path / "db")
 
-    def first(db: sqlite_utils.Database) -> None:
+    def first(db: Database) -> None:
         db.execute("INSERT INTO tenants (id, created_at) VALUES ('a', 'now')")
         events.append(db, "tenant.created", pool_id=None, data={}, audience=["a"])
 
-    def crashes(db: sqlite_utils.Database) -> None:
+    def crashes(db: Database) -> None:
         db.execute("INSERT INTO tenants (id, created_at) VALUES ('b', 'now')")
         events.append(db, "tenant.created", pool_id=None, data={}, audience=["b"])
         raise RuntimeError("power cut")

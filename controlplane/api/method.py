@@ -5,13 +5,13 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
-import sqlite_utils
 from aiohttp import web
 
 from controlplane.iam.decide import Principal
 from controlplane.runtime import Runtime
 from controlplane.services.access import Access
 from controlplane.storage.db import Store
+from controlplane.storage.sql import Database
 from shared.errors import InvalidInput
 from shared.validation import field_of
 
@@ -25,7 +25,7 @@ class Read:
     """A read: runs on the event loop, on the reader connection, inside one read transaction
     that also authenticates the caller, so a pool and its quota rows come from one write."""
 
-    fn: Callable[[sqlite_utils.Database, Caller, Any, Runtime], msgspec.Struct]
+    fn: Callable[[Database, Caller, Any, Runtime], msgspec.Struct]
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class Method:
         return self.path.removeprefix("/api/").replace("/", ".")
 
 
-def read(fn: Callable[[sqlite_utils.Database, Principal, Any], msgspec.Struct]) -> Read:
+def read(fn: Callable[[Database, Principal, Any], msgspec.Struct]) -> Read:
     """A read service ``fn(db, principal, body)``."""
     return Read(lambda db, principal, body, _: fn(db, principal, body))
 

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import sqlite_utils
 
 from controlplane.capacity.meters import gpu_equivalents, meter_of
 from controlplane.storage import events
@@ -15,6 +14,7 @@ from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import epoch, now
+from controlplane.storage.sql import Database
 
 ATOMS = {"exclusive": "gpu", "mig": "gpu.mig", "timeslice": "gpu.slot", "mps": "gpu.slot"}
 
@@ -23,7 +23,7 @@ PLACE_CANDIDATES = 32
 
 
 def reservation_event(
-    db: sqlite_utils.Database, kind: str, row: dict[str, Any], owner: str, **data: Any
+    db: Database, kind: str, row: dict[str, Any], owner: str, **data: Any
 ) -> None:
     events.append(
         db,
@@ -39,13 +39,13 @@ def reservation_event(
     )
 
 
-def _give_back_quota(db: sqlite_utils.Database, row: dict[str, Any], at: str) -> None:
+def _give_back_quota(db: Database, row: dict[str, Any], at: str) -> None:
     for resource, amount in msgspec.json.decode(row["resources"]).items():
         res_sql.add_used(db, row["pool_id"], row["tenant_id"], resource, -amount, at)
 
 
 def finish(
-    db: sqlite_utils.Database, row: dict[str, Any], state: str, reason: str | None, message: str
+    db: Database, row: dict[str, Any], state: str, reason: str | None, message: str
 ) -> dict[str, Any]:
     """End or fail a live reservation: release its bookings, its quota and meter its GPU hours."""
     at = now()
@@ -80,7 +80,7 @@ def finish(
     return done
 
 
-def place(db: sqlite_utils.Database, row: dict[str, Any], pool: dict[str, Any]) -> bool:
+def place(db: Database, row: dict[str, Any], pool: dict[str, Any]) -> bool:
     """Book the reservation on the first ready host node it fits (atoms and rows); False if none."""
     resources: dict[str, int] = msgspec.json.decode(row["resources"])
     atom = ATOMS[pool["sharing"]]
@@ -103,7 +103,7 @@ def place(db: sqlite_utils.Database, row: dict[str, Any], pool: dict[str, Any]) 
 
 
 def _book_on(
-    db: sqlite_utils.Database,
+    db: Database,
     row: dict[str, Any],
     pool: dict[str, Any],
     node_id: str,
@@ -139,9 +139,7 @@ def _book_on(
     return True
 
 
-def activate(
-    db: sqlite_utils.Database, row: dict[str, Any], seen_since: Callable[[str], float | None]
-) -> bool:
+def activate(db: Database, row: dict[str, Any], seen_since: Callable[[str], float | None]) -> bool:
     """placed → active once the node holding the booking has reported since it was placed:
     the host is known to be up with the booking on it. True if it moved."""
     seen = seen_since(row["node_id"])
@@ -157,7 +155,7 @@ def activate(
     return True
 
 
-def retry_pending(db: sqlite_utils.Database, row: dict[str, Any], at: str) -> bool:
+def retry_pending(db: Database, row: dict[str, Any], at: str) -> bool:
     """The placer's pass over one pending reservation: PoolGone, Expired, or another try to
     place it; True if it moved."""
     pool = pool_sql.get_pool(db, row["pool_id"])

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
-import sqlite_utils
 import structlog
 from msgspec import UNSET
 
@@ -27,6 +26,7 @@ from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import now, savepoint
+from controlplane.storage.sql import Database
 from shared.inventory import Gpu, Inventory
 from shared.nodespec import NodeSpecUnits, RenderRefused, Unit
 from shared.policy import Policy, parse_policy
@@ -47,22 +47,20 @@ class Failed:
     error: str
 
 
-def isolated(
-    db: sqlite_utils.Database, what: str, what_id: str, fn: Callable[..., T], *args: Any
-) -> T | Failed:
+def isolated(db: Database, what: str, what_id: str, fn: Callable[..., T], *args: Any) -> T | Failed:
     """Run one node's or reservation's part of a pass in a savepoint: a failure undoes only
     that part, is logged, and the pass goes on for every other one (R5)."""
     try:
         with savepoint(db):
             return fn(*args)
     except Exception as exc:
-        if not db.conn.in_transaction:
+        if not db.in_transaction:
             raise  # SQLite rolled the whole transaction back (disk full, I/O): stop the pass
         log.exception(f"{what} could not be reconciled", id=what_id)
         return Failed(str(exc) or repr(exc))
 
 
-def quarantine_unreconcilable(db: sqlite_utils.Database, node: dict[str, Any], error: str) -> None:
+def quarantine_unreconcilable(db: Database, node: dict[str, Any], error: str) -> None:
     """R5: a node the pass cannot reconcile leaves placement with the reason; once its pool or
     inventory changes so that it can be, the next pass re-decides its state."""
     reason = f"cannot be reconciled: {error}"[:MAX_REASON]
@@ -77,7 +75,7 @@ def quarantine_unreconcilable(db: sqlite_utils.Database, node: dict[str, Any], e
 
 
 def readmit(
-    db: sqlite_utils.Database,
+    db: Database,
     node: dict[str, Any],
     inventory: Inventory,
     refusal: str | None,
@@ -121,7 +119,7 @@ def readmit(
 
 
 def state_event(
-    db: sqlite_utils.Database,
+    db: Database,
     node: Mapping[str, Any],
     owner_tenant_id: str,
     state: str,
@@ -165,7 +163,7 @@ def unit_key(unit: Unit) -> str:
     return hashlib.sha256(msgspec.json.encode(msgspec.structs.replace(unit, gpus=[]))).hexdigest()
 
 
-def record_applied(db: sqlite_utils.Database, node: dict[str, Any]) -> dict[str, str]:
+def record_applied(db: Database, node: dict[str, Any]) -> dict[str, str]:
     """H4: which units the agent reports applied (or unchanged), by id, with the key of the
     unit it took. Taken from the spec the report was for (the stored one, before this
     reconcile renders anew: a booking may move the version meanwhile)."""
@@ -207,7 +205,7 @@ def gated_gpus(units: NodeSpecUnits, done: dict[str, str]) -> frozenset[str]:
 
 
 def respecify(
-    db: sqlite_utils.Database, node: dict[str, Any], policy: Policy, inventory: Inventory
+    db: Database, node: dict[str, Any], policy: Policy, inventory: Inventory
 ) -> Respecified:
     """Render the node's NodeSpec (N6) and store it when it moved.
 
@@ -240,7 +238,7 @@ def respecify(
     return Respecified(None, held_layout, version, gated_gpus(units, done))
 
 
-def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
+def reconcile_node(db: Database, node: dict[str, Any]) -> int:
     """Bring one node's rows and atoms to what its inventory and pool imply; returns rows written."""
     policy = parse_policy(msgspec.json.decode(node["policy"]))
     inventory = (
@@ -296,7 +294,7 @@ def reconcile_node(db: sqlite_utils.Database, node: dict[str, Any]) -> int:
 
 
 def health_events(
-    db: sqlite_utils.Database,
+    db: Database,
     node: Mapping[str, Any],
     owner_tenant_id: str,
     before: Inventory | None,
@@ -325,9 +323,7 @@ def health_events(
         )
 
 
-def flag_atoms(
-    db: sqlite_utils.Database, node_id: str, gpus: list[Gpu], gated: frozenset[str]
-) -> int:
+def flag_atoms(db: Database, node_id: str, gpus: list[Gpu], gated: frozenset[str]) -> int:
     """H5, H4: atoms of a GPU that is not healthy, or held by a drain-gated unit, leave
     placement; live bookings on an unhealthy GPU are flagged. Returns the atoms rewritten."""
     sick = {gpu.uuid for gpu in gpus if gpu.health != "healthy"}
@@ -342,7 +338,7 @@ def flag_atoms(
     return writes
 
 
-def reconcile_isolated(db: sqlite_utils.Database, node: dict[str, Any]) -> int | Failed:
+def reconcile_isolated(db: Database, node: dict[str, Any]) -> int | Failed:
     """One node's rows in a savepoint (R5); a node that cannot be reconciled is quarantined
     with the reason instead, and the caller's other writes stay."""
     written = isolated(db, "node", node["id"], reconcile_node, db, node)
@@ -351,7 +347,7 @@ def reconcile_isolated(db: sqlite_utils.Database, node: dict[str, Any]) -> int |
     return written
 
 
-def reconcile_one(db: sqlite_utils.Database, node_id: str) -> None:
+def reconcile_one(db: Database, node_id: str) -> None:
     """Right after a join or a report: the node's rows, in the caller's transaction, isolated
     as in a pass so a broken pool policy never refuses the report itself (R5)."""
     for node in node_sql.reconcile_row(db, node_id):

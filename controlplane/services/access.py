@@ -4,7 +4,6 @@ method of the table declares (``Access``) and makes before its service runs (R1)
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import sqlite_utils
 from msgspec import UNSET, UnsetType
 
 from controlplane.iam.decide import Principal, decide
@@ -12,11 +11,12 @@ from controlplane.storage import iam as iam_sql
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
+from controlplane.storage.sql import Database
 from shared.errors import Conflict, NotFound, PermissionDenied
 from shared.ids import derived_id
 
 
-def act_for(db: sqlite_utils.Database, principal: Principal, tenant_id: str, action: str) -> None:
+def act_for(db: Database, principal: Principal, tenant_id: str, action: str) -> None:
     """The credential may act for ``tenant_id``, which must exist.
 
     A credential acts for its own tenant. Root's act for any tenant through
@@ -46,7 +46,7 @@ def pool_not_found() -> NotFound:
 
 
 def visible_pool(
-    db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_id: str, action: str
+    db: Database, principal: Principal, tenant_id: str, pool_id: str, action: str
 ) -> dict[str, Any]:
     """The pool as ``tenant_id`` may read it, or NOT_FOUND (L2): never reveal existence."""
     pool = pool_sql.pool_for_tenant(db, tenant_id, pool_id)
@@ -56,7 +56,7 @@ def visible_pool(
 
 
 def owned_pool(
-    db: sqlite_utils.Database,
+    db: Database,
     principal: Principal,
     tenant_id: str,
     pool_id: str,
@@ -155,7 +155,7 @@ class Access:
         return text + (" + items" if self.items else "")
 
 
-def authorize(db: sqlite_utils.Database, caller: Any, access: Access, body: Any) -> None:
+def authorize(db: Database, caller: Any, access: Access, body: Any) -> None:
     """The method's decision, in the transaction or snapshot its service runs in.
 
     PERMISSION_DENIED when the credential may not act at that level at all; NOT_FOUND for
@@ -224,7 +224,7 @@ def require_on_tenant(principal: Principal, action: str) -> None:
 
 
 def _reservation_pool(
-    db: sqlite_utils.Database, principal: Principal, reservation: dict[str, Any], action: str
+    db: Database, principal: Principal, reservation: dict[str, Any], action: str
 ) -> None:
     """A reservation is decided on its pool as the pool is now, also once the tenant's offer
     is gone (it may still read and end what it holds there); NOT_FOUND when refused."""
@@ -234,7 +234,7 @@ def _reservation_pool(
 
 
 def readable_pools(
-    db: sqlite_utils.Database, principal: Principal, tenant_id: str, pool_ids: set[str], action: str
+    db: Database, principal: Principal, tenant_id: str, pool_ids: set[str], action: str
 ) -> set[str]:
     """The pools among ``pool_ids`` whose items a list may show: the credential may read the
     pool (L1) and take the list's action on it, so a list never reveals a pool that

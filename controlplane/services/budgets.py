@@ -3,7 +3,6 @@
 import time
 
 import msgspec
-import sqlite_utils
 
 from controlplane.capacity.meters import gpu_equivalents, meter_of
 from controlplane.iam.decide import Principal
@@ -11,6 +10,7 @@ from controlplane.services.access import act_for
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, epoch, now
+from controlplane.storage.sql import Database
 from shared.schemas import (
     BudgetsGet,
     BudgetsSet,
@@ -18,7 +18,7 @@ from shared.schemas import (
 )
 
 
-def spent_hours(db: sqlite_utils.Database, tenant_id: str, meter: str, at: float) -> float:
+def spent_hours(db: Database, tenant_id: str, meter: str, at: float) -> float:
     """Hours spent on a meter: ended bookings (stored) plus live ones so far."""
     stored = res_sql.budget(db, tenant_id, meter)
     spent = stored["spent_hours"] if stored else 0.0
@@ -38,7 +38,7 @@ def spent_hours(db: sqlite_utils.Database, tenant_id: str, meter: str, at: float
 
 
 async def set_budget(store: Store, principal: Principal, req: BudgetsSet) -> BudgetView:
-    def txn(db: sqlite_utils.Database) -> BudgetView:
+    def txn(db: Database) -> BudgetView:
         act_for(db, principal, req.tenant_id, "compute:budgets:set")
         res_sql.put_budget(db, req.tenant_id, req.meter, req.limit, now())
         spent = spent_hours(db, req.tenant_id, req.meter, time.time())
@@ -49,7 +49,7 @@ async def set_budget(store: Store, principal: Principal, req: BudgetsSet) -> Bud
     return await store.write(txn)
 
 
-def get_budget(db: sqlite_utils.Database, principal: Principal, req: BudgetsGet) -> BudgetView:
+def get_budget(db: Database, principal: Principal, req: BudgetsGet) -> BudgetView:
     stored = res_sql.budget(db, req.tenant_id, req.meter)
     spent = spent_hours(db, req.tenant_id, req.meter, time.time())
     limit = stored["limit_hours"] if stored else None

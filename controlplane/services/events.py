@@ -1,16 +1,16 @@
 """events.list: the caller tenant's events after a cursor; root acting as itself sees the fleet's."""
 
 import msgspec
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.decide import Principal
 from controlplane.services.access import readable_pools
 from controlplane.storage import events
+from controlplane.storage.sql import Database
 from shared.schemas import EventList, EventsList, EventView
 
 
-def list_events(db: sqlite_utils.Database, principal: Principal, req: EventsList) -> EventList:
+def list_events(db: Database, principal: Principal, req: EventsList) -> EventList:
     fleet = principal.is_root and req.tenant_id == principal.tenant_id
     rows = events.list_events(
         db,

@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import msgspec
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.cache import CredentialCache
@@ -16,6 +15,7 @@ from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.sql import Database
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, PermissionDenied
 from shared.files import write_secret
 from shared.ids import new_id
@@ -38,7 +38,7 @@ def bootstrap(store: Store, token_file: Path) -> bool:
     start finds the database still empty and writes a new token.
     """
 
-    def txn(db: sqlite_utils.Database) -> bool:
+    def txn(db: Database) -> bool:
         if db.execute("SELECT 1 FROM tenants LIMIT 1").fetchone() is not None:
             return False
         token = new_token()
@@ -61,7 +61,7 @@ def bootstrap(store: Store, token_file: Path) -> bool:
     return store.transact(txn)
 
 
-def authenticate(db: sqlite_utils.Database, token: str, cache: CredentialCache) -> Principal | None:
+def authenticate(db: Database, token: str, cache: CredentialCache) -> Principal | None:
     """The principal of a live credential of a live tenant, or None."""
     hashed = token_hash(token)
     principal = cache.get(hashed)
@@ -80,7 +80,7 @@ def authenticate(db: sqlite_utils.Database, token: str, cache: CredentialCache) 
     return principal
 
 
-def still_live(db: sqlite_utils.Database, token: str) -> bool:
+def still_live(db: Database, token: str) -> bool:
     """Whether the credential is live in this transaction, past any cache: a mutation never
     commits after its credential's revocation was acknowledged (B5)."""
     return iam_sql.credential_by_hash(db, token_hash(token)) is not None
@@ -90,7 +90,7 @@ async def create_tenant(store: Store, principal: Principal, req: TenantsCreate) 
     parent = None if req.parent_tenant_id is UNSET else req.parent_tenant_id
     name = None if req.name is UNSET else req.name
 
-    def txn(db: sqlite_utils.Database) -> TenantView:
+    def txn(db: Database) -> TenantView:
         if iam_sql.tenant_id_taken(db, req.tenant_id):
             raise Conflict("that tenant id is taken", field="tenantId")
         if parent is not None and iam_sql.get_tenant(db, parent) is None:
@@ -118,7 +118,7 @@ async def delete_tenant(
     if req.tenant_id == ROOT_TENANT:
         raise InvalidInput("the root tenant cannot be deleted", field="tenantId")
 
-    def txn(db: sqlite_utils.Database) -> TenantDeleted:
+    def txn(db: Database) -> TenantDeleted:
         if iam_sql.get_tenant(db, req.tenant_id) is None:
             raise NotFound("tenant not found", field="tenantId")
         children = iam_sql.live_children(db, req.tenant_id)
@@ -177,7 +177,7 @@ async def create_credential(
     statements = None if req.statements is UNSET else msgspec.json.encode(req.statements).decode()
     token = new_token()
 
-    def txn(db: sqlite_utils.Database) -> CredentialCreated:
+    def txn(db: Database) -> CredentialCreated:
         credential_id = new_id("cred")
         name = None if req.name is UNSET else req.name
         iam_sql.insert_credential(
@@ -200,7 +200,7 @@ async def revoke_credential(
 ) -> CredentialRevoked:
     _require_admin(principal)
 
-    def txn(db: sqlite_utils.Database) -> CredentialRevoked:
+    def txn(db: Database) -> CredentialRevoked:
         if not iam_sql.credential_exists(db, req.tenant_id, req.credential_id):
             raise NotFound("credential not found", field="credentialId")
         revoked = iam_sql.revoke_credential(db, req.tenant_id, req.credential_id, now()) > 0

@@ -6,7 +6,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
-import sqlite_utils
 
 from controlplane.capacity.admission import (
     CONFIGURING,
@@ -29,6 +28,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage.sql import Database
 from shared.errors import Conflict, InvalidInput, InvalidState, Unauthenticated
 from shared.gpu import with_families
 from shared.ids import new_id
@@ -42,10 +42,10 @@ from shared.schemas import (
 
 # P8: the attestors JoinService runs. Each checks a join request and answers the join
 # token it presented; "join-token" checks a pool-scoped, expiring, limited-use token.
-Attestor = Callable[[sqlite_utils.Database, NodesJoin], dict[str, Any]]
+Attestor = Callable[[Database, NodesJoin], dict[str, Any]]
 
 
-def attest_join_token(db: sqlite_utils.Database, req: NodesJoin) -> dict[str, Any]:
+def attest_join_token(db: Database, req: NodesJoin) -> dict[str, Any]:
     """The token's row if it exists, has not expired and has a use left (R8); the join
     spends the use."""
     token = node_sql.join_token(db, token_hash(req.join_token))
@@ -65,7 +65,7 @@ async def create_join_token(
     """Owner only; pool-scoped, expiring, with a use limit; shown once and stored hashed."""
     token = new_token(JOIN_PREFIX)
 
-    def txn(db: sqlite_utils.Database) -> JoinTokenCreated:
+    def txn(db: Database) -> JoinTokenCreated:
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:join")
         if pool["archived_at"] is not None:
             raise InvalidState("the pool is archived")
@@ -110,7 +110,7 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
     inventory = with_families(req.inventory)
     token = new_token(NODE_PREFIX)
 
-    def txn(db: sqlite_utils.Database) -> NodeJoined:
+    def txn(db: Database) -> NodeJoined:
         join_token = attestor(db, req)
         pool = pool_sql.get_pool(db, join_token["pool_id"])
         assert pool is not None

@@ -12,7 +12,6 @@ join any pool with a new join token.
 import time
 from typing import Any
 
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.capacity.bookings import finish
@@ -24,6 +23,7 @@ from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage.sql import Database
 from shared.errors import InvalidState
 from shared.schemas import (
     NodeRemoved,
@@ -36,7 +36,7 @@ from shared.schemas import (
 )
 
 
-def _event(db: sqlite_utils.Database, kind: str, node: dict[str, Any], **data: Any) -> None:
+def _event(db: Database, kind: str, node: dict[str, Any], **data: Any) -> None:
     pool = pool_sql.get_pool(db, node["pool_id"])
     assert pool is not None
     events.append(
@@ -49,7 +49,7 @@ def _event(db: sqlite_utils.Database, kind: str, node: dict[str, Any], **data: A
 
 
 def _answer(
-    db: sqlite_utils.Database, principal: Principal, liveness: Liveness, tenant: str, node: str
+    db: Database, principal: Principal, liveness: Liveness, tenant: str, node: str
 ) -> NodeView:
     return get_node(db, principal, liveness, NodesGet(tenant_id=tenant, node_id=node))
 
@@ -59,7 +59,7 @@ async def cordon(
 ) -> NodeView:
     """H3: the node takes no new placements (node.cordoned); its bookings run on."""
 
-    def txn(db: sqlite_utils.Database) -> NodeView:
+    def txn(db: Database) -> NodeView:
         node = owned_node(db, principal, req.tenant_id, req.node_id, "compute:nodes:manage")
         if node["cordon_reason"] != req.reason:
             at = now()
@@ -77,7 +77,7 @@ async def uncordon(
 ) -> NodeView:
     """H3: undo a cordon or a drain (node.uncordoned); the node is schedulable again."""
 
-    def txn(db: sqlite_utils.Database) -> NodeView:
+    def txn(db: Database) -> NodeView:
         node = owned_node(db, principal, req.tenant_id, req.node_id, "compute:nodes:manage")
         if node["cordon_reason"] is not None or node["drain_state"] is not None:
             node_sql.update_node(
@@ -105,7 +105,7 @@ async def drain(
     """H3: cordon and wait; drained (node.drained) once no placed or active booking is left,
     at the deadline the rest end with NodeDrained. Draining again changes nothing."""
 
-    def txn(db: sqlite_utils.Database) -> NodeView:
+    def txn(db: Database) -> NodeView:
         node = owned_node(db, principal, req.tenant_id, req.node_id, "compute:nodes:manage")
         if node["drain_state"] is None:
             started = time.time()
@@ -127,7 +127,7 @@ async def drain(
     return await store.write(txn)
 
 
-def progress_drain(db: sqlite_utils.Database, node: dict[str, Any]) -> bool:
+def progress_drain(db: Database, node: dict[str, Any]) -> bool:
     """A draining node: drained when nothing is booked on it; past its deadline, what is
     left ends with NodeDrained first. True if it moved."""
     live = res_sql.live_on_node(db, node["id"])
@@ -145,7 +145,7 @@ async def remove(store: Store, principal: Principal, req: NodesRemove) -> NodeRe
     """H3: INVALID_STATE while placed or active bookings remain, unless forced (they end
     with NodeRemoved); removing a removed node answers the same."""
 
-    def txn(db: sqlite_utils.Database) -> NodeRemoved:
+    def txn(db: Database) -> NodeRemoved:
         node = node_sql.get_node(db, req.node_id)  # the method's decision found it
         assert node is not None
         if node["removed_at"] is not None:

@@ -7,7 +7,6 @@ Each node shows its state and why (H1), whether the placer may book on it
 from typing import Any
 
 import msgspec
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.capacity.admission import READY
@@ -16,6 +15,7 @@ from controlplane.iam.decide import Principal
 from controlplane.services.access import owned_pool, readable_pools
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage.sql import Database
 from shared.errors import NotFound
 from shared.inventory import Inventory
 from shared.schemas import (
@@ -31,9 +31,7 @@ from shared.schemas import (
 )
 
 
-def _views(
-    db: sqlite_utils.Database, nodes: list[dict[str, Any]], liveness: Liveness
-) -> list[NodeView]:
+def _views(db: Database, nodes: list[dict[str, Any]], liveness: Liveness) -> list[NodeView]:
     ids = [n["id"] for n in nodes]
     resources: dict[str, list[ResourceRowView]] = {i: [] for i in ids}
     devices: dict[str, list[DeviceView]] = {i: [] for i in ids}
@@ -121,9 +119,7 @@ def schedulable(node: dict[str, Any]) -> bool:
     return node["state"] == READY and node["cordon_reason"] is None and node["drain_state"] is None
 
 
-def list_nodes(
-    db: sqlite_utils.Database, principal: Principal, liveness: Liveness, req: NodesList
-) -> NodeList:
+def list_nodes(db: Database, principal: Principal, liveness: Liveness, req: NodesList) -> NodeList:
     """A pool's nodes, or without poolId every node of every pool the tenant owns (H7), in id
     order, a page at a time; owner only: anyone else, offered or not, NOT_FOUND."""
     if req.pool_id is UNSET:
@@ -146,7 +142,7 @@ def list_nodes(
 
 
 def owned_node(
-    db: sqlite_utils.Database, principal: Principal, tenant_id: str, node_id: str, action: str
+    db: Database, principal: Principal, tenant_id: str, node_id: str, action: str
 ) -> dict[str, Any]:
     """A live node of a pool ``tenant_id`` owns, for ``action``; NOT_FOUND for anyone else."""
     node = node_sql.get_node(db, node_id)
@@ -159,8 +155,6 @@ def owned_node(
     return node
 
 
-def get_node(
-    db: sqlite_utils.Database, principal: Principal, liveness: Liveness, req: NodesGet
-) -> NodeView:
+def get_node(db: Database, principal: Principal, liveness: Liveness, req: NodesGet) -> NodeView:
     node = owned_node(db, principal, req.tenant_id, req.node_id, "compute:nodes:read")
     return _views(db, [node], liveness)[0]

@@ -1,7 +1,6 @@
 """Offers and quotas: pools.offer, pools.unoffer, quotas.set, quotas.list (O1–O6, E1)."""
 
 import msgspec
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.decide import Principal
@@ -14,6 +13,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.sql import Database
 from shared.errors import InvalidInput, InvalidState, NotFound
 from shared.schemas import (
     PoolsOffer,
@@ -29,7 +29,7 @@ SINGLE_TENANT_SHARING = ("timeslice", "mps")  # S1: no isolation between slots
 
 
 def _check_offer_rules(
-    db: sqlite_utils.Database, pool: dict[str, object], policy: dict[str, object], req: PoolsOffer
+    db: Database, pool: dict[str, object], policy: dict[str, object], req: PoolsOffer
 ) -> None:
     """O4: what may not be offered to a tenant other than the owner."""
     if pool["sharing"] in SINGLE_TENANT_SHARING:
@@ -58,7 +58,7 @@ def _check_offer_rules(
 
 
 async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> PoolView:
-    def txn(db: sqlite_utils.Database) -> PoolView:
+    def txn(db: Database) -> PoolView:
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
         )
@@ -97,7 +97,7 @@ async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> Poo
     return await store.write(txn)
 
 
-def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: str) -> bool:
+def withdraw_offer(db: Database, pool: dict[str, object], tenant: str) -> bool:
     """O6: remove the offer, drop quotas to what is in use, remove the authz row, emit the event."""
     pool_id = str(pool["id"])
     if not pool_sql.delete_offer(db, pool_id, tenant):
@@ -116,7 +116,7 @@ def withdraw_offer(db: sqlite_utils.Database, pool: dict[str, object], tenant: s
 
 
 async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) -> Unoffered:
-    def txn(db: sqlite_utils.Database) -> Unoffered:
+    def txn(db: Database) -> Unoffered:
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
         )
@@ -130,7 +130,7 @@ async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) ->
 async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> QuotaList:
     """The owner sets a tenant's quota rows; quota.updated when a row changes (E1)."""
 
-    def txn(db: sqlite_utils.Database) -> QuotaList:
+    def txn(db: Database) -> QuotaList:
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage", req.version
         )
@@ -156,7 +156,7 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
     return await store.write(txn)
 
 
-def list_quotas(db: sqlite_utils.Database, principal: Principal, req: QuotasList) -> QuotaList:
+def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaList:
     """The caller tenant's own rows, on pools it can still see."""
     visible = readable_pools(
         db,

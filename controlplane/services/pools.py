@@ -7,7 +7,6 @@ checks, the rows, the version and the event commit together or not at all.
 from typing import Any
 
 import msgspec
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
@@ -19,6 +18,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.sql import Database
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound
 from shared.ids import derived_id, new_id
 from shared.policy import POOL_POLICY_VALIDATORS, validate_policy
@@ -98,7 +98,7 @@ async def create_pool(
     owner_quota = UNLIMITED_GPUS if req.owner_quota is UNSET else req.owner_quota
     gpu_model = None if req.gpu_model is UNSET else req.gpu_model
 
-    def txn(db: sqlite_utils.Database) -> PoolView:
+    def txn(db: Database) -> PoolView:
         # The method's decision (R1) ran first: compute:pools:create, or a read of the keyed pool.
         if req.idempotency_key is UNSET:
             pool_id = new_id("pool")
@@ -160,12 +160,12 @@ async def create_pool(
     return await store.write(txn)
 
 
-def get_pool(db: sqlite_utils.Database, principal: Principal, req: PoolsGet) -> PoolView:
+def get_pool(db: Database, principal: Principal, req: PoolsGet) -> PoolView:
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:read")
     return pool_view(db, pool, req.tenant_id)
 
 
-def list_pools(db: sqlite_utils.Database, principal: Principal, req: PoolsList) -> PoolList:
+def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
     """L1: owned or offered pools, each decided as compute:pools:read on the pool."""
     pools = [
         pool
@@ -178,9 +178,7 @@ def list_pools(db: sqlite_utils.Database, principal: Principal, req: PoolsList) 
     return PoolList(items=[pool_view(db, p, req.tenant_id, quotas[p["id"]]) for p in pools])
 
 
-def pool_capacity(
-    db: sqlite_utils.Database, principal: Principal, req: PoolsCapacity
-) -> CapacityList:
+def pool_capacity(db: Database, principal: Principal, req: PoolsCapacity) -> CapacityList:
     """L3, H6: one ledger row per resource, the same answer as capacity/byPool; `offered`
     (what the owner sold) only for the owner."""
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
@@ -209,7 +207,7 @@ def pool_capacity(
     )
 
 
-def _refresh_authz(db: sqlite_utils.Database, pool: dict[str, Any], region: str) -> list[str]:
+def _refresh_authz(db: Database, pool: dict[str, Any], region: str) -> list[str]:
     """Rewrite the authz rows of the owner and every offered tenant; returns those tenants."""
     tenants = [pool["owner_tenant_id"]] + [
         offer["to_tenant_id"] for offer in pool_sql.offers_of(db, pool["id"])
@@ -225,7 +223,7 @@ async def update_pool(
     if req.policy is UNSET and req.gpu_model is UNSET:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
 
-    def txn(db: sqlite_utils.Database) -> PoolView:
+    def txn(db: Database) -> PoolView:
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
         )
@@ -273,9 +271,7 @@ async def update_pool(
     return await store.write(txn)
 
 
-def archive_in_txn(
-    db: sqlite_utils.Database, pool: dict[str, Any], *, reason: str | None = None
-) -> list[str]:
+def archive_in_txn(db: Database, pool: dict[str, Any], *, reason: str | None = None) -> list[str]:
     """A1: remove every offer, drop offered quotas, remove their authz rows, emit pool.archived.
 
     A tenant deletion (T1) zeroes the offered quotas instead of dropping them to what is in use.
@@ -307,7 +303,7 @@ def archive_in_txn(
 
 
 async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) -> PoolView:
-    def txn(db: sqlite_utils.Database) -> PoolView:
+    def txn(db: Database) -> PoolView:
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
         )

@@ -7,14 +7,13 @@ placed and active reservations only (R6): pending ones about to fail with
 PoolGone must not keep quota the owner never granted again.
 """
 
-import sqlite_utils
-
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
+from controlplane.storage.sql import Database
 
 
 def grant(
-    db: sqlite_utils.Database, pool_id: str, tenant_id: str, quota: dict[str, int], at: str
+    db: Database, pool_id: str, tenant_id: str, quota: dict[str, int], at: str
 ) -> dict[str, int]:
     """Set the tenant's maxima, each raised to what is in use (O2); returns the rows that
     changed, with their stored maxima."""
@@ -29,7 +28,7 @@ def grant(
     return changed
 
 
-def drop_to_in_use(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str) -> None:
+def drop_to_in_use(db: Database, pool_id: str, tenant_id: str, at: str) -> None:
     """O6, A1, R6: every row of the tenant's on the pool drops to what placed and active
     reservations hold."""
     in_use = res_sql.in_use(db, pool_id, tenant_id)

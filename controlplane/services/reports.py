@@ -3,7 +3,6 @@
 from typing import Any
 
 import msgspec
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.capacity.admission import (
@@ -20,6 +19,7 @@ from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.sql import Database
 from shared.gpu import with_families
 from shared.inventory import Inventory
 from shared.nodespec import NodeSpecUnits
@@ -31,7 +31,7 @@ from shared.schemas import (
 )
 
 
-def authenticate_node(db: sqlite_utils.Database, token: str) -> dict[str, Any] | None:
+def authenticate_node(db: Database, token: str) -> dict[str, Any] | None:
     return node_sql.node_for_token(db, token_hash(token))
 
 
@@ -46,7 +46,7 @@ async def report_node(
         liveness.seen(node["id"])  # nothing new: no write (liveness is batched)
         return Reported(spec_version=node["spec_version"] or "")
 
-    def txn(db: sqlite_utils.Database) -> Reported:
+    def txn(db: Database) -> Reported:
         current = node_sql.get_node(db, node["id"])
         pool = pool_sql.get_pool(db, node["pool_id"])
         assert current is not None and pool is not None
@@ -83,7 +83,7 @@ async def report_node(
     return await store.write(txn)
 
 
-def node_spec(db: sqlite_utils.Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
+def node_spec(db: Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
     """The node's NodeSpec as the reconciler last rendered it for this host (N6)."""
     pool = pool_sql.get_pool(db, node["pool_id"])
     stored = node_sql.get_node(db, node["id"])

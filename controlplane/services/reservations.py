@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import msgspec
-import sqlite_utils
 from msgspec import UNSET
 
 from controlplane.capacity.bookings import ATOMS, finish, place, reservation_event
@@ -24,6 +23,7 @@ from controlplane.services.budgets import spent_hours
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage.sql import Database
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.ids import derived_id, new_id
 from shared.mig import profiles_for
@@ -101,7 +101,7 @@ async def create_reservation(
     resources: dict[str, int] = msgspec.to_builtins(req.resources)
     mig_profile = None if req.mig_profile is UNSET else req.mig_profile
 
-    def txn(db: sqlite_utils.Database) -> ReservationView:
+    def txn(db: Database) -> ReservationView:
         # The method's decision (R1) ran first: create on the pool, or a read of the keyed one.
         if req.idempotency_key is UNSET:
             reservation_id = new_id("res")
@@ -181,9 +181,7 @@ async def create_reservation(
     return await store.write(txn)
 
 
-def _own_reservation(
-    db: sqlite_utils.Database, tenant_id: str, reservation_id: str
-) -> dict[str, Any]:
+def _own_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[str, Any]:
     """The reservation the method's decision (R1) found; NOT_FOUND for anyone else's."""
     row = res_sql.get(db, reservation_id)
     if row is None or row["tenant_id"] != tenant_id:
@@ -191,15 +189,11 @@ def _own_reservation(
     return row
 
 
-def get_reservation(
-    db: sqlite_utils.Database, principal: Principal, req: ReservationsGet
-) -> ReservationView:
+def get_reservation(db: Database, principal: Principal, req: ReservationsGet) -> ReservationView:
     return view(_own_reservation(db, req.tenant_id, req.reservation_id))
 
 
-def list_reservations(
-    db: sqlite_utils.Database, principal: Principal, req: ReservationsList
-) -> ReservationList:
+def list_reservations(db: Database, principal: Principal, req: ReservationsList) -> ReservationList:
     found = res_sql.of_tenant(
         db,
         req.tenant_id,
@@ -218,7 +212,7 @@ async def end_reservation(
 ) -> ReservationView:
     """End a live reservation (its bookings and quota go back); ending an ended one returns it."""
 
-    def txn(db: sqlite_utils.Database) -> ReservationView:
+    def txn(db: Database) -> ReservationView:
         row = _own_reservation(db, req.tenant_id, req.reservation_id)
         if row["state"] not in res_sql.LIVE:
             return view(row)
@@ -227,7 +221,7 @@ async def end_reservation(
     return await store.write(txn)
 
 
-def end_all_of_tenant(db: sqlite_utils.Database, tenant_id: str) -> int:
+def end_all_of_tenant(db: Database, tenant_id: str) -> int:
     """T1: a deleted tenant's live reservations end."""
     live = res_sql.live_of_tenant(db, tenant_id)
     for row in live:

@@ -1,11 +1,10 @@
 """Sites: only root creates shared and dedicated sites; any tenant may create its own custom one."""
 
-import sqlite_utils
-
 from controlplane.iam.decide import ROOT_TENANT, Principal
 from controlplane.storage import events
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.sql import Database
 from shared.errors import Conflict, PermissionDenied
 from shared.ids import new_id
 from shared.schemas import SiteList, SitesCreate, SitesList, SiteView
@@ -28,7 +27,7 @@ async def create_site(store: Store, principal: Principal, req: SitesCreate) -> S
     if req.kind in PLATFORM_KINDS and req.tenant_id != ROOT_TENANT:
         raise PermissionDenied(f"only the root tenant creates {req.kind} sites", field="kind")
 
-    def txn(db: sqlite_utils.Database) -> SiteView:
+    def txn(db: Database) -> SiteView:
         if site_sql.site_name_taken(db, req.tenant_id, req.name):
             raise Conflict("the tenant already has a site with that name", field="name")
         row = {
@@ -52,5 +51,5 @@ async def create_site(store: Store, principal: Principal, req: SitesCreate) -> S
     return await store.write(txn)
 
 
-def list_sites(db: sqlite_utils.Database, principal: Principal, req: SitesList) -> SiteList:
+def list_sites(db: Database, principal: Principal, req: SitesList) -> SiteList:
     return SiteList(items=[site_view(row) for row in site_sql.list_sites(db, req.tenant_id)])

@@ -4,9 +4,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import msgspec
-import sqlite_utils
 
 from controlplane.storage import pools as pool_sql
+from controlplane.storage.sql import Database
 from shared.schemas import OfferView, PoolView, QuotaRow
 
 
@@ -21,7 +21,7 @@ def quota_row(row: dict[str, Any]) -> QuotaRow:
     )
 
 
-def offers_view(db: sqlite_utils.Database, pool_id: str) -> list[OfferView]:
+def offers_view(db: Database, pool_id: str) -> list[OfferView]:
     offers = pool_sql.offers_of(db, pool_id)
     quotas: dict[str, dict[str, int]] = {}
     for row in pool_sql.pool_quota_rows(db, pool_id):
@@ -53,7 +53,7 @@ def policy_for(policy: dict[str, Any], owned: bool) -> dict[str, Any]:
 
 
 def pool_view(
-    db: sqlite_utils.Database,
+    db: Database,
     pool: dict[str, Any],
     tenant_id: str,
     quotas: Iterable[dict[str, Any]] | None = None,

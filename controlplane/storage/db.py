@@ -19,9 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, TypeVar
 
-import sqlite_utils
-
 from controlplane.storage.migrations import migrate
+from controlplane.storage.sql import Database, PostgresDatabase, SqliteDatabase
 
 T = TypeVar("T")
 
@@ -50,13 +49,32 @@ SYNCHRONOUS: dict[Durability, str] = {"full": "FULL", "relaxed": "NORMAL"}
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 
 
-def connect(path: Path, durability: Durability = "full") -> sqlite_utils.Database:
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+# Every mutation takes this transaction-level lock first on PostgreSQL, so mutations from
+# every replica are one serial order, as SQLite's single writer makes them (B5): quotas
+# never over-admitted, one object per idempotency key, a gapless event seq.
+WRITER_LOCK = 0x6263_7772  # "bcwr"
+
+
+def is_postgres(location: str | Path) -> bool:
+    return str(location).startswith(("postgresql://", "postgres://"))
+
+
+def connect(location: str | Path, durability: Durability = "full") -> Database:
+    """A connection in autocommit mode (transactions are explicit) to a SQLite file or a
+    PostgreSQL URL (its password from PGPASSWORD or ~/.pgpass, never the command line)."""
+    if is_postgres(location):
+        import psycopg
+
+        pg = psycopg.connect(str(location), autocommit=True)
+        if durability == "relaxed":
+            pg.execute("SET synchronous_commit = off")
+        return PostgresDatabase(pg)
+    conn = sqlite3.connect(location, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[durability]}")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA busy_timeout = 5000")
-    return sqlite_utils.Database(conn)
+    return SqliteDatabase(conn)
 
 
 def _private_files(path: Path) -> None:
@@ -79,7 +97,7 @@ def _private_files(path: Path) -> None:
 
 
 @contextmanager
-def savepoint(db: sqlite_utils.Database) -> Iterator[None]:
+def savepoint(db: Database) -> Iterator[None]:
     """A nested transaction: on an exception, what it wrote is undone and the exception goes
     on, while the enclosing transaction and what it wrote before stay (R5)."""
     db.execute("SAVEPOINT unit")
@@ -93,19 +111,24 @@ def savepoint(db: sqlite_utils.Database) -> Iterator[None]:
 
 
 class Store:
-    """The database of one control plane: a writer and a reader on one file."""
+    """The database of one control plane: a writer and a reader, on a SQLite file or a
+    PostgreSQL database that several replicas share (B3, B4)."""
 
-    def __init__(self, path: Path, durability: Durability = "full") -> None:
-        self.path = path
-        _private_files(path)
-        self._writer_db = connect(path, durability)
+    def __init__(self, location: str | Path, durability: Durability = "full") -> None:
+        self.location = location
+        self.postgres = is_postgres(location)
+        self.path = Path(location)  # the SQLite file (meaningless for PostgreSQL)
+        if not self.postgres:
+            _private_files(self.path)
+        self._writer_db = connect(location, durability)
         migrate(self._writer_db)
-        self.reader = connect(path, durability)
-        _private_files(path)  # the -wal and -shm files SQLite made beside it
+        self.reader = connect(location, durability)
+        if not self.postgres:
+            _private_files(self.path)  # the -wal and -shm files SQLite made beside it
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
-        self._gate: Callable[[sqlite_utils.Database], None] | None = None
+        self._gate: Callable[[Database], None] | None = None
 
-    def gated(self, gate: Callable[[sqlite_utils.Database], None]) -> "Store":
+    def gated(self, gate: Callable[[Database], None]) -> "Store":
         """This store as one API method uses it: each of its transactions first runs ``gate``
         (the method's IAM decision, R1), so the decision and the change see one state."""
         view = copy.copy(self)  # the same connections and writer thread
@@ -113,18 +136,25 @@ class Store:
         return view
 
     @contextmanager
-    def snapshot(self) -> Iterator[sqlite_utils.Database]:
+    def snapshot(self) -> Iterator[Database]:
         """A read transaction: every statement inside sees the same committed state."""
-        self.reader.execute("BEGIN")
+        self.reader.execute(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if self.postgres else "BEGIN"
+        )
         try:
             yield self.reader
         finally:
             self.reader.execute("COMMIT")
 
-    def transact(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
-        """Run ``fn`` in one ``BEGIN IMMEDIATE`` transaction on the calling thread."""
+    def transact(self, fn: Callable[[Database], T]) -> T:
+        """Run ``fn`` in one transaction on the calling thread: ``BEGIN IMMEDIATE`` on
+        SQLite, ``BEGIN`` and the writer lock on PostgreSQL."""
         db = self._writer_db
-        db.execute("BEGIN IMMEDIATE")
+        if self.postgres:
+            db.execute("BEGIN")
+            db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
+        else:
+            db.execute("BEGIN IMMEDIATE")
         try:
             if self._gate is not None:
                 self._gate(db)
@@ -135,12 +165,12 @@ class Store:
         db.execute("COMMIT")
         return result
 
-    async def write(self, fn: Callable[[sqlite_utils.Database], T]) -> T:
+    async def write(self, fn: Callable[[Database], T]) -> T:
         """Run the mutation ``fn`` on the writer thread, in one transaction."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._writer, self.transact, fn)
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
-        self._writer_db.conn.close()
-        self.reader.conn.close()
+        self._writer_db.close()
+        self.reader.close()

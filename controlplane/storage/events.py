@@ -4,15 +4,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-import sqlite_utils
 
 from controlplane.storage.db import now
 from controlplane.storage.rows import rows
+from controlplane.storage.sql import Database
 from shared.ids import new_id
 
 
 def append(
-    db: sqlite_utils.Database,
+    db: Database,
     event_type: str,
     *,
     pool_id: str | None,
@@ -21,24 +21,24 @@ def append(
 ) -> int:
     """Append one event, visible to the ``audience`` tenants; returns its seq.
 
-    ``seq`` is the rowid without AUTOINCREMENT, so it is max+1 inside the
-    writer's transaction: a rolled-back change leaves no gap.
+    ``seq`` is max+1 inside the mutation's transaction, which holds the writer (SQLite's
+    single writer, PostgreSQL's writer lock): one total order, and a rolled-back change
+    leaves no gap (E1, B5).
     """
-    cursor = db.execute(
-        "INSERT INTO events (id, type, at, pool_id, data) VALUES (?, ?, ?, ?, ?)",
+    (seq,) = db.execute(
+        "INSERT INTO events (seq, id, type, at, pool_id, data) "
+        "SELECT coalesce(max(seq), 0) + 1, ?, ?, ?, ?, ? FROM events RETURNING seq",
         [new_id("evt"), event_type, now(), pool_id, msgspec.json.encode(data).decode()],
-    )
-    seq = cursor.lastrowid
-    assert seq is not None
-    db.conn.executemany(
-        "INSERT OR IGNORE INTO event_audience (tenant_id, seq) VALUES (?, ?)",
+    ).fetchone()
+    db.executemany(
+        "INSERT INTO event_audience (tenant_id, seq) VALUES (?, ?) ON CONFLICT DO NOTHING",
         [(tenant, seq) for tenant in set(audience)],
     )
-    return seq
+    return int(seq)
 
 
 def list_events(
-    db: sqlite_utils.Database,
+    db: Database,
     *,
     tenant_id: str | None,
     after: int,

@@ -2,22 +2,21 @@
 
 from typing import Any
 
-import sqlite_utils
-
 from controlplane.storage.rows import one
+from controlplane.storage.sql import Database
 
 
-def get_tenant(db: sqlite_utils.Database, tenant_id: str) -> dict[str, Any] | None:
+def get_tenant(db: Database, tenant_id: str) -> dict[str, Any] | None:
     """A live (not deleted) tenant."""
     return one(db, "SELECT * FROM tenants WHERE id = ? AND deleted_at IS NULL", [tenant_id])
 
 
-def tenant_id_taken(db: sqlite_utils.Database, tenant_id: str) -> bool:
+def tenant_id_taken(db: Database, tenant_id: str) -> bool:
     return db.execute("SELECT 1 FROM tenants WHERE id = ?", [tenant_id]).fetchone() is not None
 
 
 def insert_tenant(
-    db: sqlite_utils.Database, tenant_id: str, parent_id: str | None, name: str | None, at: str
+    db: Database, tenant_id: str, parent_id: str | None, name: str | None, at: str
 ) -> None:
     db.execute(
         "INSERT INTO tenants (id, parent_id, name, created_at) VALUES (?, ?, ?, ?)",
@@ -25,7 +24,7 @@ def insert_tenant(
     )
 
 
-def live_children(db: sqlite_utils.Database, tenant_id: str) -> list[str]:
+def live_children(db: Database, tenant_id: str) -> list[str]:
     rows = db.execute(
         "SELECT id FROM tenants WHERE parent_id = ? AND deleted_at IS NULL ORDER BY id",
         [tenant_id],
@@ -33,12 +32,12 @@ def live_children(db: sqlite_utils.Database, tenant_id: str) -> list[str]:
     return [row[0] for row in rows]
 
 
-def mark_tenant_deleted(db: sqlite_utils.Database, tenant_id: str, at: str) -> None:
+def mark_tenant_deleted(db: Database, tenant_id: str, at: str) -> None:
     db.execute("UPDATE tenants SET deleted_at = ? WHERE id = ?", [at, tenant_id])
 
 
 def insert_credential(
-    db: sqlite_utils.Database,
+    db: Database,
     credential_id: str,
     tenant_id: str,
     name: str | None,
@@ -53,9 +52,7 @@ def insert_credential(
     )
 
 
-def credential_by_hash(
-    db: sqlite_utils.Database, hashed: bytes
-) -> tuple[str, str, str | None] | None:
+def credential_by_hash(db: Database, hashed: bytes) -> tuple[str, str, str | None] | None:
     """(id, tenant, statements JSON) of a live credential of a live tenant."""
     row = db.execute(
         "SELECT c.id, c.tenant_id, c.statements FROM credentials c "
@@ -66,9 +63,7 @@ def credential_by_hash(
     return None if row is None else (row[0], row[1], row[2])
 
 
-def revoke_credential(
-    db: sqlite_utils.Database, tenant_id: str, credential_id: str, at: str
-) -> int:
+def revoke_credential(db: Database, tenant_id: str, credential_id: str, at: str) -> int:
     """Revoke one live credential; returns how many were revoked (0 or 1)."""
     return db.execute(
         "UPDATE credentials SET revoked_at = ? WHERE id = ? AND tenant_id = ? AND revoked_at IS NULL",
@@ -76,14 +71,14 @@ def revoke_credential(
     ).rowcount
 
 
-def credential_exists(db: sqlite_utils.Database, tenant_id: str, credential_id: str) -> bool:
+def credential_exists(db: Database, tenant_id: str, credential_id: str) -> bool:
     row = db.execute(
         "SELECT 1 FROM credentials WHERE id = ? AND tenant_id = ?", [credential_id, tenant_id]
     ).fetchone()
     return row is not None
 
 
-def revoke_all(db: sqlite_utils.Database, tenant_id: str, at: str) -> int:
+def revoke_all(db: Database, tenant_id: str, at: str) -> int:
     return db.execute(
         "UPDATE credentials SET revoked_at = ? WHERE tenant_id = ? AND revoked_at IS NULL",
         [at, tenant_id],

@@ -1,6 +1,8 @@
-"""Numbered migrations, applied in order at start; ``PRAGMA user_version`` is the last applied."""
+"""Numbered migrations, applied in order at start, on either backend (B3): written once in
+SQLite's DDL and turned into PostgreSQL's by the dialect. The schema version is SQLite's
+``PRAGMA user_version`` and a one-row ``schema_version`` table on PostgreSQL."""
 
-import sqlite_utils
+from controlplane.storage.sql import Database
 
 MIGRATIONS: tuple[str, ...] = (
     # 1: tenants, credentials, sites, pools, offers, quotas, authz projection, nodes, events.
@@ -216,13 +218,38 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-def migrate(db: sqlite_utils.Database) -> int:
+# Replicas starting together on one PostgreSQL database migrate one at a time.
+MIGRATION_LOCK = 0x6263_6D69  # "bcmi"
+
+
+def schema_version(db: Database) -> int:
+    """The number of the last migration applied (0 on an empty database)."""
+    if db.dialect.name == "sqlite":
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    found = db.execute(
+        "SELECT version FROM schema_version"
+        if db.execute("SELECT to_regclass('schema_version')").fetchone()[0]
+        else "SELECT 0"
+    ).fetchone()
+    return int(found[0]) if found else 0
+
+
+def migrate(db: Database) -> int:
     """Apply every migration newer than the database, each in its own transaction."""
-    current = db.execute("PRAGMA user_version").fetchone()[0]
-    for number, script in enumerate(MIGRATIONS, start=1):
-        if number <= current:
-            continue
-        db.conn.executescript(
-            f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;"
-        )
+    if db.dialect.name == "sqlite":
+        for number, script in enumerate(MIGRATIONS, start=1):
+            if number > schema_version(db):
+                db.script(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+        return len(MIGRATIONS)
+    db.execute("SELECT pg_advisory_lock(?)", [MIGRATION_LOCK])
+    try:
+        db.script("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        for number, script in enumerate(MIGRATIONS, start=1):
+            if number > schema_version(db):
+                db.script(
+                    f"BEGIN;\n{db.dialect.ddl(script)}\nDELETE FROM schema_version;\n"
+                    f"INSERT INTO schema_version VALUES ({number});\nCOMMIT;"
+                )
+    finally:
+        db.execute("SELECT pg_advisory_unlock(?)", [MIGRATION_LOCK])
     return len(MIGRATIONS)

@@ -4,15 +4,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-import sqlite_utils
 
 from controlplane.storage.rows import one, rows
+from controlplane.storage.sql import Database
 from shared.nodespec import NodeSpecUnits
 
 # --- join tokens -----------------------------------------------------------
 
 
-def insert_join_token(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+def insert_join_token(db: Database, row: dict[str, Any]) -> None:
     db.execute(
         "INSERT INTO join_tokens (id, pool_id, token_hash, expires_at, max_uses, created_at) "
         "VALUES (:id, :pool_id, :token_hash, :expires_at, :max_uses, :created_at)",
@@ -20,11 +20,11 @@ def insert_join_token(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
     )
 
 
-def join_token(db: sqlite_utils.Database, hashed: bytes) -> dict[str, Any] | None:
+def join_token(db: Database, hashed: bytes) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM join_tokens WHERE token_hash = ?", [hashed])
 
 
-def use_join_token(db: sqlite_utils.Database, token_id: str) -> None:
+def use_join_token(db: Database, token_id: str) -> None:
     db.execute("UPDATE join_tokens SET uses = uses + 1 WHERE id = ?", [token_id])
 
 
@@ -39,15 +39,15 @@ SCHEDULABLE = (
 FACTS = ("logical_cpus", "memory_total_bytes", "hugepages_2mi", "hugepages_1gi", "disk_total_bytes")
 
 
-def node_by_identity(db: sqlite_utils.Database, identity: str) -> dict[str, Any] | None:
+def node_by_identity(db: Database, identity: str) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM nodes WHERE identity = ?", [identity])
 
 
-def get_node(db: sqlite_utils.Database, node_id: str) -> dict[str, Any] | None:
+def get_node(db: Database, node_id: str) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM nodes WHERE id = ?", [node_id])
 
 
-def node_for_token(db: sqlite_utils.Database, hashed: bytes) -> dict[str, Any] | None:
+def node_for_token(db: Database, hashed: bytes) -> dict[str, Any] | None:
     """What a report needs to decide it has nothing to write: one indexed read."""
     return one(
         db,
@@ -57,20 +57,20 @@ def node_for_token(db: sqlite_utils.Database, hashed: bytes) -> dict[str, Any] |
     )
 
 
-def insert_node(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+def insert_node(db: Database, row: dict[str, Any]) -> None:
     columns = ", ".join(row)
     values = ", ".join(f":{name}" for name in row)
     db.execute(f"INSERT INTO nodes ({columns}) VALUES ({values})", row)
 
 
-def update_node(db: sqlite_utils.Database, node_id: str, fields: dict[str, Any]) -> None:
+def update_node(db: Database, node_id: str, fields: dict[str, Any]) -> None:
     assignments = ", ".join(f"{name} = :{name}" for name in fields)
     db.execute(
         f"UPDATE nodes SET {assignments} WHERE id = :node_id", {**fields, "node_id": node_id}
     )
 
 
-def nodes_of_pool(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+def nodes_of_pool(db: Database, pool_id: str) -> list[dict[str, Any]]:
     return rows(
         db,
         "SELECT * FROM nodes WHERE pool_id = ? AND removed_at IS NULL ORDER BY hostname, id",
@@ -79,7 +79,7 @@ def nodes_of_pool(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any
 
 
 def nodes_of_pools(
-    db: sqlite_utils.Database,
+    db: Database,
     pool_ids: Sequence[str],
     states: Sequence[str] | None,
     after: str,
@@ -99,7 +99,7 @@ def nodes_of_pools(
     return rows(db, sql + " ORDER BY id LIMIT ?", [*params, limit])
 
 
-def draining(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def draining(db: Database) -> list[dict[str, Any]]:
     """Nodes being drained (a partial index), with their pool's owner for the events."""
     return rows(
         db,
@@ -108,7 +108,7 @@ def draining(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     )
 
 
-def remove(db: sqlite_utils.Database, node_id: str, at: str) -> None:
+def remove(db: Database, node_id: str, at: str) -> None:
     """H3: the node's rows and atoms go, its credential and machine identity are freed."""
     db.execute("DELETE FROM node_resources WHERE node_id = ?", [node_id])
     db.execute("DELETE FROM node_devices WHERE node_id = ?", [node_id])
@@ -120,19 +120,19 @@ def remove(db: sqlite_utils.Database, node_id: str, at: str) -> None:
     )
 
 
-def touch(db: sqlite_utils.Database, seen: Iterable[tuple[str, str]]) -> None:
+def touch(db: Database, seen: Iterable[tuple[str, str]]) -> None:
     """Persist last-seen times in one statement batch: (at, node id) pairs."""
-    db.conn.executemany("UPDATE nodes SET last_seen_at = ? WHERE id = ?", list(seen))
+    db.executemany("UPDATE nodes SET last_seen_at = ? WHERE id = ?", list(seen))
 
 
-def mark_bookings_lost(db: sqlite_utils.Database, node_ids: Iterable[str]) -> None:
-    db.conn.executemany(
+def mark_bookings_lost(db: Database, node_ids: Iterable[str]) -> None:
+    db.executemany(
         "UPDATE reservations SET reason = 'NodeLost' WHERE node_id = ? AND state IN ('placed', 'active')",
         [(node_id,) for node_id in node_ids],
     )
 
 
-def silent_nodes(db: sqlite_utils.Database, before: str) -> list[dict[str, Any]]:
+def silent_nodes(db: Database, before: str) -> list[dict[str, Any]]:
     """Live nodes whose stored last-seen time is older than ``before`` (indexed on state, time)."""
     return rows(
         db,
@@ -144,8 +144,8 @@ def silent_nodes(db: sqlite_utils.Database, before: str) -> list[dict[str, Any]]
     )
 
 
-def mark_lost(db: sqlite_utils.Database, node_ids: Iterable[str], at: str) -> None:
-    db.conn.executemany(
+def mark_lost(db: Database, node_ids: Iterable[str], at: str) -> None:
+    db.executemany(
         "UPDATE nodes SET state = 'lost', state_reason = NULL, updated_at = ? WHERE id = ?",
         [(at, node_id) for node_id in node_ids],
     )
@@ -159,7 +159,7 @@ _RECONCILE = (
 )
 
 
-def stale_nodes(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def stale_nodes(db: Database) -> list[dict[str, Any]]:
     """Nodes whose rows were computed from an older inventory or pool version, or are held."""
     return rows(
         db,
@@ -169,28 +169,26 @@ def stale_nodes(db: sqlite_utils.Database) -> list[dict[str, Any]]:
     )
 
 
-def reconcile_row(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]]:
+def reconcile_row(db: Database, node_id: str) -> list[dict[str, Any]]:
     return rows(db, _RECONCILE + "WHERE n.id = ?", [node_id])
 
 
-def mark_stale(db: sqlite_utils.Database, node_ids: Iterable[str]) -> None:
+def mark_stale(db: Database, node_ids: Iterable[str]) -> None:
     """The node is reconciled (and its spec rendered) again at the next pass: its bookings
     moved, which a MIG layout (U3) and drain-gated units (H4) depend on."""
-    db.conn.executemany(
+    db.executemany(
         "UPDATE nodes SET rows_pool_version = -1 WHERE id = ?", [(node_id,) for node_id in node_ids]
     )
 
 
-def mark_rows_current(
-    db: sqlite_utils.Database, node_id: str, inventory_rev: int, pool_version: int
-) -> None:
+def mark_rows_current(db: Database, node_id: str, inventory_rev: int, pool_version: int) -> None:
     db.execute(
         "UPDATE nodes SET rows_inventory_rev = ?, rows_pool_version = ? WHERE id = ?",
         [inventory_rev, pool_version, node_id],
     )
 
 
-def booked_gpus(db: sqlite_utils.Database, node_id: str) -> frozenset[str]:
+def booked_gpus(db: Database, node_id: str) -> frozenset[str]:
     """GPUs with a booked atom: their MIG layout stays until they are idle (U3)."""
     found = db.execute(
         "SELECT DISTINCT gpu_uuid FROM node_devices WHERE node_id = ? AND allocated = 1", [node_id]
@@ -198,25 +196,25 @@ def booked_gpus(db: sqlite_utils.Database, node_id: str) -> frozenset[str]:
     return frozenset(row[0] for row in found)
 
 
-def spec_of(db: sqlite_utils.Database, node_id: str) -> NodeSpecUnits | None:
+def spec_of(db: Database, node_id: str) -> NodeSpecUnits | None:
     """The node's stored NodeSpec units, if it has one."""
     found = db.execute("SELECT spec FROM nodes WHERE id = ?", [node_id]).fetchone()
     return msgspec.json.decode(found[0], type=NodeSpecUnits) if found and found[0] else None
 
 
-def put_spec(db: sqlite_utils.Database, node_id: str, spec: str, version: str) -> None:
+def put_spec(db: Database, node_id: str, spec: str, version: str) -> None:
     db.execute("UPDATE nodes SET spec = ?, spec_version = ? WHERE id = ?", [spec, version, node_id])
 
 
 # --- node_resources and node_devices ---------------------------------------
 
 
-def resource_rows(db: sqlite_utils.Database, node_id: str) -> dict[str, dict[str, Any]]:
+def resource_rows(db: Database, node_id: str) -> dict[str, dict[str, Any]]:
     found = rows(db, "SELECT * FROM node_resources WHERE node_id = ?", [node_id])
     return {row["resource"]: row for row in found}
 
 
-def resource_rows_of(db: sqlite_utils.Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
+def resource_rows_of(db: Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
     marks = ", ".join("?" * len(node_ids))
     return rows(
         db,
@@ -225,9 +223,7 @@ def resource_rows_of(db: sqlite_utils.Database, node_ids: Sequence[str]) -> list
     )
 
 
-def put_resource(
-    db: sqlite_utils.Database, node_id: str, resource: str, capacity: int, ratio: float
-) -> None:
+def put_resource(db: Database, node_id: str, resource: str, capacity: int, ratio: float) -> None:
     db.execute(
         "INSERT INTO node_resources (node_id, resource, capacity, allocated, ratio) "
         "VALUES (?, ?, ?, 0, ?) ON CONFLICT (node_id, resource) DO UPDATE SET "
@@ -236,7 +232,7 @@ def put_resource(
     )
 
 
-def delete_resource(db: sqlite_utils.Database, node_id: str, resource: str) -> bool:
+def delete_resource(db: Database, node_id: str, resource: str) -> bool:
     """Delete an unallocated row; False when the row is still allocated (N5: it stays)."""
     return (
         db.execute(
@@ -247,12 +243,12 @@ def delete_resource(db: sqlite_utils.Database, node_id: str, resource: str) -> b
     )
 
 
-def devices(db: sqlite_utils.Database, node_id: str) -> dict[str, dict[str, Any]]:
+def devices(db: Database, node_id: str) -> dict[str, dict[str, Any]]:
     found = rows(db, "SELECT * FROM node_devices WHERE node_id = ?", [node_id])
     return {row["device_id"]: row for row in found}
 
 
-def devices_of(db: sqlite_utils.Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
+def devices_of(db: Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
     marks = ", ".join("?" * len(node_ids))
     return rows(
         db,
@@ -262,7 +258,7 @@ def devices_of(db: sqlite_utils.Database, node_ids: Sequence[str]) -> list[dict[
 
 
 def set_device_flags(
-    db: sqlite_utils.Database, node_id: str, device_id: str, unhealthy: bool, held: bool
+    db: Database, node_id: str, device_id: str, unhealthy: bool, held: bool
 ) -> None:
     """H5, H4: an atom out of placement for an unhealthy GPU or a drain-gated unit."""
     db.execute(
@@ -272,7 +268,7 @@ def set_device_flags(
 
 
 def insert_device(
-    db: sqlite_utils.Database,
+    db: Database,
     node_id: str,
     device_id: str,
     resource: str,
@@ -286,7 +282,7 @@ def insert_device(
     )
 
 
-def delete_device(db: sqlite_utils.Database, node_id: str, device_id: str) -> bool:
+def delete_device(db: Database, node_id: str, device_id: str) -> bool:
     """Delete an unbooked atom; False when it is booked (it stays until the booking ends)."""
     return (
         db.execute(

@@ -3,17 +3,16 @@
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import sqlite_utils
-
 from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
+from controlplane.storage.sql import Database
 
 
-def get_pool(db: sqlite_utils.Database, pool_id: str) -> dict[str, Any] | None:
+def get_pool(db: Database, pool_id: str) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM pools WHERE id = ?", [pool_id])
 
 
-def insert_pool(db: sqlite_utils.Database, row: Mapping[str, Any]) -> None:
+def insert_pool(db: Database, row: Mapping[str, Any]) -> None:
     db.execute(
         "INSERT INTO pools (id, owner_tenant_id, site_id, class, gpu_model, sharing, agent, policy, "
         "provider_account_id, version, created_at, updated_at) VALUES (:id, :owner_tenant_id, "
@@ -23,9 +22,7 @@ def insert_pool(db: sqlite_utils.Database, row: Mapping[str, Any]) -> None:
     )
 
 
-def update_pool(
-    db: sqlite_utils.Database, pool_id: str, gpu_model: str | None, policy: str, at: str
-) -> None:
+def update_pool(db: Database, pool_id: str, gpu_model: str | None, policy: str, at: str) -> None:
     db.execute(
         "UPDATE pools SET gpu_model = ?, policy = ?, version = version + 1, updated_at = ? "
         "WHERE id = ?",
@@ -33,11 +30,11 @@ def update_pool(
     )
 
 
-def archive_pool(db: sqlite_utils.Database, pool_id: str, at: str) -> None:
+def archive_pool(db: Database, pool_id: str, at: str) -> None:
     db.execute("UPDATE pools SET archived_at = ?, updated_at = ? WHERE id = ?", [at, at, pool_id])
 
 
-def pools_owned_by(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+def pools_owned_by(db: Database, tenant_id: str) -> list[dict[str, Any]]:
     return rows(db, "SELECT * FROM pools WHERE owner_tenant_id = ? ORDER BY id", [tenant_id])
 
 
@@ -52,28 +49,24 @@ _WITH_AUTHZ = (
 )
 
 
-def pool_for_tenant(
-    db: sqlite_utils.Database, tenant_id: str, pool_id: str
-) -> dict[str, Any] | None:
+def pool_for_tenant(db: Database, tenant_id: str, pool_id: str) -> dict[str, Any] | None:
     """The pool with the tenant's authz row, or None when the tenant has no row for it."""
     return one(db, _WITH_AUTHZ + " AND a.pool_id = ?", [tenant_id, pool_id])
 
 
-def authz_row_exists(db: sqlite_utils.Database, tenant_id: str, pool_id: str) -> bool:
+def authz_row_exists(db: Database, tenant_id: str, pool_id: str) -> bool:
     found = db.execute(
         "SELECT 1 FROM pool_authz WHERE tenant_id = ? AND pool_id = ?", [tenant_id, pool_id]
     ).fetchone()
     return found is not None
 
 
-def visible_pools(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+def visible_pools(db: Database, tenant_id: str) -> list[dict[str, Any]]:
     """Pools with an authz row for the tenant (owned, or offered and not archived)."""
     return rows(db, _WITH_AUTHZ + " ORDER BY p.id", [tenant_id])
 
 
-def attrs_for(
-    db: sqlite_utils.Database, tenant_id: str, pool_ids: Iterable[str]
-) -> list[dict[str, Any]]:
+def attrs_for(db: Database, tenant_id: str, pool_ids: Iterable[str]) -> list[dict[str, Any]]:
     """Pools' authz columns as they are now for ``tenant_id`` (the names an authz row reads
     under), whether or not the tenant still has an authz row: its reservations and events
     outlive an offer."""
@@ -90,9 +83,7 @@ def attrs_for(
     )
 
 
-def put_authz(
-    db: sqlite_utils.Database, tenant_id: str, pool: Mapping[str, Any], region: str
-) -> None:
+def put_authz(db: Database, tenant_id: str, pool: Mapping[str, Any], region: str) -> None:
     db.execute(
         "INSERT INTO pool_authz (tenant_id, pool_id, gpu_model, class, sharing, region, owned) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id) DO UPDATE SET "
@@ -110,18 +101,18 @@ def put_authz(
     )
 
 
-def delete_authz(db: sqlite_utils.Database, tenant_id: str, pool_id: str) -> None:
+def delete_authz(db: Database, tenant_id: str, pool_id: str) -> None:
     db.execute("DELETE FROM pool_authz WHERE tenant_id = ? AND pool_id = ?", [tenant_id, pool_id])
 
 
 # --- offers ----------------------------------------------------------------
 
 
-def offers_of(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+def offers_of(db: Database, pool_id: str) -> list[dict[str, Any]]:
     return rows(db, "SELECT * FROM pool_offers WHERE pool_id = ? ORDER BY to_tenant_id", [pool_id])
 
 
-def offers_to(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+def offers_to(db: Database, tenant_id: str) -> list[dict[str, Any]]:
     return rows(
         db,
         "SELECT o.*, p.owner_tenant_id FROM pool_offers o JOIN pools p ON p.id = o.pool_id "
@@ -131,7 +122,7 @@ def offers_to(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]
 
 
 def put_offer(
-    db: sqlite_utils.Database,
+    db: Database,
     pool_id: str,
     tenant_id: str,
     include_descendants: bool,
@@ -147,14 +138,14 @@ def put_offer(
     )
 
 
-def delete_offer(db: sqlite_utils.Database, pool_id: str, tenant_id: str) -> bool:
+def delete_offer(db: Database, pool_id: str, tenant_id: str) -> bool:
     cursor = db.execute(
         "DELETE FROM pool_offers WHERE pool_id = ? AND to_tenant_id = ?", [pool_id, tenant_id]
     )
     return cursor.rowcount > 0
 
 
-def tenant_owned_nodes(db: sqlite_utils.Database, pool_id: str) -> int:
+def tenant_owned_nodes(db: Database, pool_id: str) -> int:
     row = db.execute(
         "SELECT count(*) FROM nodes WHERE pool_id = ? AND tenant_owned = 1", [pool_id]
     ).fetchone()
@@ -165,7 +156,7 @@ def tenant_owned_nodes(db: sqlite_utils.Database, pool_id: str) -> int:
 
 
 def quota_rows(
-    db: sqlite_utils.Database, tenant_id: str, pool_ids: Iterable[str] | None = None
+    db: Database, tenant_id: str, pool_ids: Iterable[str] | None = None
 ) -> list[dict[str, Any]]:
     """The tenant's quota rows, on the given pools or on all of them."""
     sql = "SELECT * FROM quotas WHERE tenant_id = ?"
@@ -177,14 +168,14 @@ def quota_rows(
     return rows(db, sql + " ORDER BY pool_id, resource", params)
 
 
-def pool_quota_rows(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+def pool_quota_rows(db: Database, pool_id: str) -> list[dict[str, Any]]:
     return rows(
         db, "SELECT * FROM quotas WHERE pool_id = ? ORDER BY tenant_id, resource", [pool_id]
     )
 
 
 def put_quota(
-    db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str, maximum: int, at: str
+    db: Database, pool_id: str, tenant_id: str, resource: str, maximum: int, at: str
 ) -> None:
     """Store a row's max; a new row starts with nothing used."""
     db.execute(
@@ -195,7 +186,7 @@ def put_quota(
     )
 
 
-def zero_quotas(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str) -> None:
+def zero_quotas(db: Database, pool_id: str, tenant_id: str, at: str) -> None:
     db.execute(
         "UPDATE quotas SET max = 0, updated_at = ? WHERE pool_id = ? AND tenant_id = ?",
         [at, pool_id, tenant_id],
@@ -205,18 +196,21 @@ def zero_quotas(db: sqlite_utils.Database, pool_id: str, tenant_id: str, at: str
 # --- capacity --------------------------------------------------------------
 
 
-def capacity_ledger(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, Any]]:
+def capacity_ledger(db: Database, pool_id: str) -> list[dict[str, Any]]:
     """H6 per resource: total over every node of the pool, schedulable over ready,
     schedulable nodes and placeable atoms (healthy, not held), allocated as booked, and
     available = schedulable not booked. node_resources rows plus GPU atoms counted."""
     placeable = f"{SCHEDULABLE} AND d.unhealthy = 0 AND d.held = 0"
     return rows(
         db,
-        "SELECT resource, sum(total) AS total, sum(schedulable) AS schedulable, "
-        "sum(allocated) AS allocated, sum(available) AS available FROM ("
+        "SELECT resource, CAST(sum(total) AS BIGINT) AS total, "
+        "CAST(sum(schedulable) AS BIGINT) AS schedulable, "
+        "CAST(sum(allocated) AS BIGINT) AS allocated, "
+        "CAST(sum(available) AS BIGINT) AS available FROM ("
         " SELECT r.resource, r.capacity AS total,"
         f" CASE WHEN {SCHEDULABLE} THEN r.capacity ELSE 0 END AS schedulable, r.allocated,"
-        f" CASE WHEN {SCHEDULABLE} THEN max(0, r.capacity - r.allocated) ELSE 0 END AS available"
+        f" CASE WHEN {SCHEDULABLE} AND r.capacity > r.allocated THEN r.capacity - r.allocated"
+        " ELSE 0 END AS available"
         " FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ?"
         " UNION ALL"
         f" SELECT d.resource, 1, CASE WHEN {placeable} THEN 1 ELSE 0 END, d.allocated,"
@@ -227,10 +221,10 @@ def capacity_ledger(db: sqlite_utils.Database, pool_id: str) -> list[dict[str, A
     )
 
 
-def offered_maxima(db: sqlite_utils.Database, pool_id: str, owner: str) -> dict[str, int]:
+def offered_maxima(db: Database, pool_id: str, owner: str) -> dict[str, int]:
     """H6 offered: per resource, the quota maxima of every tenant but the owner."""
     found = db.execute(
-        "SELECT resource, sum(max) FROM quotas WHERE pool_id = ? AND tenant_id != ? "
+        "SELECT resource, CAST(sum(max) AS BIGINT) FROM quotas WHERE pool_id = ? AND tenant_id != ? "
         "GROUP BY resource",
         [pool_id, owner],
     ).fetchall()

@@ -3,25 +3,24 @@
 from collections.abc import Sequence
 from typing import Any
 
-import sqlite_utils
-
 from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
+from controlplane.storage.sql import Database
 
 LIVE = ("pending", "placed", "active")  # what counts against quota; placed and active hold bookings
 
 
-def insert(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+def insert(db: Database, row: dict[str, Any]) -> None:
     columns = ", ".join(row)
     values = ", ".join(f":{name}" for name in row)
     db.execute(f"INSERT INTO reservations ({columns}) VALUES ({values})", row)
 
 
-def get(db: sqlite_utils.Database, reservation_id: str) -> dict[str, Any] | None:
+def get(db: Database, reservation_id: str) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM reservations WHERE id = ?", [reservation_id])
 
 
-def update(db: sqlite_utils.Database, reservation_id: str, fields: dict[str, Any]) -> None:
+def update(db: Database, reservation_id: str, fields: dict[str, Any]) -> None:
     assignments = ", ".join(f"{name} = :{name}" for name in fields)
     db.execute(
         f"UPDATE reservations SET {assignments} WHERE id = :rid", {**fields, "rid": reservation_id}
@@ -29,7 +28,7 @@ def update(db: sqlite_utils.Database, reservation_id: str, fields: dict[str, Any
 
 
 def of_tenant(
-    db: sqlite_utils.Database, tenant_id: str, pool_id: str | None, states: Sequence[str] | None
+    db: Database, tenant_id: str, pool_id: str | None, states: Sequence[str] | None
 ) -> list[dict[str, Any]]:
     sql = "SELECT * FROM reservations WHERE tenant_id = ?"
     params: list[Any] = [tenant_id]
@@ -42,7 +41,7 @@ def of_tenant(
     return rows(db, sql + " ORDER BY created_at, id", params)
 
 
-def live_of_tenant(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+def live_of_tenant(db: Database, tenant_id: str) -> list[dict[str, Any]]:
     return rows(
         db,
         "SELECT * FROM reservations WHERE tenant_id = ? AND state IN ('pending', 'placed', 'active') "
@@ -51,19 +50,19 @@ def live_of_tenant(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, 
     )
 
 
-def placed(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def placed(db: Database) -> list[dict[str, Any]]:
     return rows(
         db,
         "SELECT id, node_id, placed_at, tenant_id, pool_id, state FROM reservations WHERE state = 'placed'",
     )
 
 
-def pending(db: sqlite_utils.Database) -> list[dict[str, Any]]:
+def pending(db: Database) -> list[dict[str, Any]]:
     """Pending reservations, oldest first: the placer's queue."""
     return rows(db, "SELECT * FROM reservations WHERE state = 'pending' ORDER BY created_at, id")
 
 
-def placed_gpu_hours(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str, Any]]:
+def placed_gpu_hours(db: Database, tenant_id: str) -> list[dict[str, Any]]:
     return rows(
         db,
         "SELECT r.pool_id, r.placed_at, r.mig_profile, b.resource, b.amount FROM reservations r "
@@ -77,7 +76,7 @@ def placed_gpu_hours(db: sqlite_utils.Database, tenant_id: str) -> list[dict[str
 
 
 def nodes_with_free_atoms(
-    db: sqlite_utils.Database,
+    db: Database,
     pool_id: str,
     resource: str,
     profile: str | None,
@@ -109,7 +108,7 @@ def nodes_with_free_atoms(
     return [row[0] for row in found]
 
 
-def ready_nodes(db: sqlite_utils.Database, pool_id: str, limit: int, after: str = "") -> list[str]:
+def ready_nodes(db: Database, pool_id: str, limit: int, after: str = "") -> list[str]:
     found = db.execute(
         "SELECT id FROM nodes n WHERE pool_id = ? AND " + SCHEDULABLE + " AND id > ? "
         "ORDER BY id LIMIT ?",
@@ -118,7 +117,7 @@ def ready_nodes(db: sqlite_utils.Database, pool_id: str, limit: int, after: str 
     return [row[0] for row in found]
 
 
-def free_rows(db: sqlite_utils.Database, node_id: str) -> dict[str, int]:
+def free_rows(db: Database, node_id: str) -> dict[str, int]:
     found = db.execute(
         "SELECT resource, capacity - allocated FROM node_resources WHERE node_id = ?", [node_id]
     )
@@ -126,7 +125,7 @@ def free_rows(db: sqlite_utils.Database, node_id: str) -> dict[str, int]:
 
 
 def book_atoms(
-    db: sqlite_utils.Database,
+    db: Database,
     node_id: str,
     resource: str,
     profile: str | None,
@@ -151,7 +150,7 @@ def book_atoms(
     ).rowcount
 
 
-def book_row(db: sqlite_utils.Database, node_id: str, resource: str, amount: int) -> bool:
+def book_row(db: Database, node_id: str, resource: str, amount: int) -> bool:
     """Book ``amount`` of a row, never beyond its capacity."""
     return (
         db.execute(
@@ -164,7 +163,7 @@ def book_row(db: sqlite_utils.Database, node_id: str, resource: str, amount: int
 
 
 def insert_booking(
-    db: sqlite_utils.Database, reservation_id: str, node_id: str, resource: str, amount: int
+    db: Database, reservation_id: str, node_id: str, resource: str, amount: int
 ) -> None:
     db.execute(
         "INSERT INTO bookings (reservation_id, node_id, resource, amount) VALUES (?, ?, ?, ?)",
@@ -172,7 +171,7 @@ def insert_booking(
     )
 
 
-def release(db: sqlite_utils.Database, reservation_id: str) -> list[dict[str, Any]]:
+def release(db: Database, reservation_id: str) -> list[dict[str, Any]]:
     """Give back everything the reservation booked; returns its bookings."""
     booked = rows(db, "SELECT * FROM bookings WHERE reservation_id = ?", [reservation_id])
     db.execute(
@@ -181,13 +180,14 @@ def release(db: sqlite_utils.Database, reservation_id: str) -> list[dict[str, An
     )
     for booking in booked:
         db.execute(
-            "UPDATE node_resources SET allocated = max(0, allocated - ?) WHERE node_id = ? AND resource = ?",
-            [booking["amount"], booking["node_id"], booking["resource"]],
+            "UPDATE node_resources SET allocated = CASE WHEN allocated > ? THEN allocated - ? "
+            "ELSE 0 END WHERE node_id = ? AND resource = ?",
+            [booking["amount"], booking["amount"], booking["node_id"], booking["resource"]],
         )
     return booked
 
 
-def mark_pool_gone(db: sqlite_utils.Database, pool_id: str, tenant_id: str | None = None) -> None:
+def mark_pool_gone(db: Database, pool_id: str, tenant_id: str | None = None) -> None:
     """O6, A1: pending reservations of the pool (of one tenant, on an unoffer) fail with PoolGone
     at their next retry, even if the pool is offered again before it."""
     sql = "UPDATE reservations SET reason = 'PoolGone' WHERE pool_id = ? AND state = 'pending'"
@@ -198,7 +198,7 @@ def mark_pool_gone(db: sqlite_utils.Database, pool_id: str, tenant_id: str | Non
     db.execute(sql, params)
 
 
-def live_on_node(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]]:
+def live_on_node(db: Database, node_id: str) -> list[dict[str, Any]]:
     """Placed and active reservations booked on a node."""
     return rows(
         db,
@@ -208,7 +208,7 @@ def live_on_node(db: sqlite_utils.Database, node_id: str) -> list[dict[str, Any]
     )
 
 
-def flag_unhealthy_bookings(db: sqlite_utils.Database, node_id: str) -> None:
+def flag_unhealthy_bookings(db: Database, node_id: str) -> None:
     """H5: live bookings holding an atom of an unhealthy GPU are flagged (they stay booked);
     the flag goes once every GPU they hold is healthy again."""
     db.execute(
@@ -220,7 +220,7 @@ def flag_unhealthy_bookings(db: sqlite_utils.Database, node_id: str) -> None:
     )
 
 
-def clear_node_lost(db: sqlite_utils.Database, node_id: str) -> None:
+def clear_node_lost(db: Database, node_id: str) -> None:
     """The node is back: its bookings lose the NodeLost mark (and keep GpuUnhealthy, H5)."""
     db.execute(
         "UPDATE reservations SET reason = NULL WHERE node_id = ? AND reason = 'NodeLost'", [node_id]
@@ -229,20 +229,21 @@ def clear_node_lost(db: sqlite_utils.Database, node_id: str) -> None:
 
 
 def add_used(
-    db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str, delta: int, at: str
+    db: Database, pool_id: str, tenant_id: str, resource: str, delta: int, at: str
 ) -> None:
     """Quota `used` follows live reservations; a row that does not exist stays absent."""
     db.execute(
-        "UPDATE quotas SET used = max(0, used + ?), updated_at = ? "
-        "WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
-        [delta, at, pool_id, tenant_id, resource],
+        "UPDATE quotas SET used = CASE WHEN used + ? > 0 THEN used + ? ELSE 0 END, "
+        "updated_at = ? WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
+        [delta, delta, at, pool_id, tenant_id, resource],
     )
 
 
-def in_use(db: sqlite_utils.Database, pool_id: str, tenant_id: str) -> dict[str, int]:
+def in_use(db: Database, pool_id: str, tenant_id: str) -> dict[str, int]:
     """Per resource, what the tenant's placed and active reservations on the pool hold."""
     found = db.execute(
-        "SELECT j.key, sum(j.value) FROM reservations r, json_each(r.resources) j "
+        "SELECT j.key, CAST(sum(CAST(j.value AS BIGINT)) AS BIGINT) FROM reservations r, "
+        f"{db.dialect.json_int_entries('r.resources')} "
         "WHERE r.pool_id = ? AND r.tenant_id = ? AND r.state IN ('placed', 'active') "
         "GROUP BY j.key",
         [pool_id, tenant_id],
@@ -250,9 +251,7 @@ def in_use(db: sqlite_utils.Database, pool_id: str, tenant_id: str) -> dict[str,
     return {resource: int(amount) for resource, amount in found}
 
 
-def quota(
-    db: sqlite_utils.Database, pool_id: str, tenant_id: str, resource: str
-) -> dict[str, Any] | None:
+def quota(db: Database, pool_id: str, tenant_id: str, resource: str) -> dict[str, Any] | None:
     return one(
         db,
         "SELECT * FROM quotas WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
@@ -263,13 +262,11 @@ def quota(
 # --- budgets ---------------------------------------------------------------
 
 
-def budget(db: sqlite_utils.Database, tenant_id: str, meter: str) -> dict[str, Any] | None:
+def budget(db: Database, tenant_id: str, meter: str) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM budgets WHERE tenant_id = ? AND meter = ?", [tenant_id, meter])
 
 
-def put_budget(
-    db: sqlite_utils.Database, tenant_id: str, meter: str, limit: float | None, at: str
-) -> None:
+def put_budget(db: Database, tenant_id: str, meter: str, limit: float | None, at: str) -> None:
     db.execute(
         "INSERT INTO budgets (tenant_id, meter, limit_hours, spent_hours, updated_at) VALUES (?, ?, ?, 0, ?) "
         "ON CONFLICT (tenant_id, meter) DO UPDATE SET limit_hours = excluded.limit_hours, "
@@ -278,7 +275,7 @@ def put_budget(
     )
 
 
-def add_spent(db: sqlite_utils.Database, tenant_id: str, meter: str, hours: float, at: str) -> None:
+def add_spent(db: Database, tenant_id: str, meter: str, hours: float, at: str) -> None:
     db.execute(
         "INSERT INTO budgets (tenant_id, meter, limit_hours, spent_hours, updated_at) VALUES (?, ?, NULL, ?, ?) "
         "ON CONFLICT (tenant_id, meter) DO UPDATE SET spent_hours = spent_hours + excluded.spent_hours, "

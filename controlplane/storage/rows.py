@@ -3,17 +3,17 @@
 from collections.abc import Sequence
 from typing import Any
 
-import sqlite_utils
+from controlplane.storage.sql import Database
 
 
-def rows(db: sqlite_utils.Database, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
-    cursor = db.conn.execute(sql, params)
+def rows(db: Database, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+    cursor = db.execute(sql, params)
     names = [column[0] for column in cursor.description]
     return [dict(zip(names, row, strict=True)) for row in cursor]
 
 
-def one(db: sqlite_utils.Database, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
-    cursor = db.conn.execute(sql, params)
+def one(db: Database, sql: str, params: Sequence[Any] = ()) -> dict[str, Any] | None:
+    cursor = db.execute(sql, params)
     row = cursor.fetchone()
     if row is None:
         return None

@@ -2,12 +2,11 @@
 
 from typing import Any
 
-import sqlite_utils
-
 from controlplane.storage.rows import one, rows
+from controlplane.storage.sql import Database
 
 
-def insert_site(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
+def insert_site(db: Database, row: dict[str, Any]) -> None:
     db.execute(
         "INSERT INTO sites (id, owner_tenant_id, name, region, kind, created_at) "
         "VALUES (:id, :owner_tenant_id, :name, :region, :kind, :created_at)",
@@ -15,18 +14,18 @@ def insert_site(db: sqlite_utils.Database, row: dict[str, Any]) -> None:
     )
 
 
-def site_name_taken(db: sqlite_utils.Database, owner: str, name: str) -> bool:
+def site_name_taken(db: Database, owner: str, name: str) -> bool:
     row = db.execute(
         "SELECT 1 FROM sites WHERE owner_tenant_id = ? AND name = ?", [owner, name]
     ).fetchone()
     return row is not None
 
 
-def get_site(db: sqlite_utils.Database, site_id: str) -> dict[str, Any] | None:
+def get_site(db: Database, site_id: str) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM sites WHERE id = ?", [site_id])
 
 
-def list_sites(db: sqlite_utils.Database, owner: str) -> list[dict[str, Any]]:
+def list_sites(db: Database, owner: str) -> list[dict[str, Any]]:
     return rows(
         db, "SELECT * FROM sites WHERE owner_tenant_id = ? ORDER BY created_at, id", [owner]
     )

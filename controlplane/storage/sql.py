@@ -1,0 +1,158 @@
+"""One connection as the storage functions use it, on either backend (B3).
+
+Storage writes SQL once, with ``?`` placeholders, in the dialect the two
+backends share (ANSI joins, ``ON CONFLICT`` upserts, ``RETURNING``, ``CASE``
+instead of scalar ``max``). Where they differ, ``Dialect`` says how: a JSON
+object's entries, the schema version, the DDL types. SQLite goes through
+sqlite-utils; PostgreSQL through psycopg 3, whose placeholders this class
+translates (``?`` → ``%s``) once per statement text.
+"""
+
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Protocol
+
+import sqlite_utils
+
+
+class Cursor(Protocol):
+    """What storage reads off an executed statement (both drivers' cursors have it)."""
+
+    @property
+    def description(self) -> Any: ...
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the backends' SQL."""
+
+    name: str  # "sqlite" or "postgresql"
+
+    def json_int_entries(self, column: str) -> str:
+        """A FROM item over a JSON object of integers: rows ``(key, value)``."""
+        if self.name == "postgresql":
+            return f"jsonb_each_text({column}::jsonb) AS j(key, value)"
+        return f"json_each({column}) AS j"
+
+    def ddl(self, script: str) -> str:
+        """A migration written for SQLite, in this backend's DDL."""
+        if self.name != "postgresql":
+            return script
+        script = script.replace(" WITHOUT ROWID", "")
+        script = re.sub(r"\bBLOB\b", "BYTEA", script)
+        script = re.sub(r"\bREAL\b", "DOUBLE PRECISION", script)
+        return re.sub(r"\bINTEGER\b", "BIGINT", script)
+
+
+SQLITE, POSTGRESQL = Dialect("sqlite"), Dialect("postgresql")
+
+
+Params = Sequence[Any] | Mapping[str, Any]  # ``?`` placeholders, or ``:name`` ones
+
+
+class Database:
+    """One connection: ``execute`` and ``executemany`` with ``?`` (or ``:name``) placeholders."""
+
+    dialect: Dialect = SQLITE
+
+    def execute(self, sql: str, params: Params = ()) -> Cursor:
+        raise NotImplementedError
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        raise NotImplementedError
+
+    def script(self, sql: str) -> None:
+        """Several statements without parameters (a migration)."""
+        raise NotImplementedError
+
+    @property
+    def in_transaction(self) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class SqliteDatabase(Database):
+    """SQLite through sqlite-utils, in autocommit mode: transactions are explicit."""
+
+    dialect = SQLITE
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.utils = sqlite_utils.Database(conn)
+        self.conn = conn
+
+    def execute(self, sql: str, params: Params = ()) -> Cursor:
+        return self.conn.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.conn.executemany(sql, rows)
+
+    def script(self, sql: str) -> None:
+        self.conn.executescript(sql)
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.conn.in_transaction
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+_NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
+
+
+@lru_cache(maxsize=4096)
+def to_pyformat(sql: str, named: bool) -> str:
+    """``?`` (or ``:name``) placeholders as psycopg's ``%s`` (``%(name)s``), a literal ``%``
+    doubled first."""
+    sql = sql.replace("%", "%%")
+    return _NAMED.sub(r"%(\1)s", sql) if named else sql.replace("?", "%s")
+
+
+class PostgresDatabase(Database):
+    """PostgreSQL through psycopg 3, in autocommit mode: transactions are explicit."""
+
+    dialect = POSTGRESQL
+
+    def __init__(self, conn: Any) -> None:  # a psycopg.Connection
+        from psycopg.types.numeric import IntDumper
+
+        self.conn = conn
+        # Flags are 0/1 integers on both backends: a Python bool goes in as one.
+        conn.adapters.register_dumper(bool, IntDumper)
+
+    def execute(self, sql: str, params: Params = ()) -> Cursor:
+        named = isinstance(params, Mapping)
+        cursor: Cursor = self.conn.execute(to_pyformat(sql, named), params or None)
+        return cursor
+
+    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        batch = list(rows)
+        if batch:
+            with self.conn.cursor() as cursor:
+                cursor.executemany(to_pyformat(sql, False), batch)
+
+    def script(self, sql: str) -> None:
+        self.conn.execute(sql)
+
+    @property
+    def in_transaction(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
+
+    def close(self) -> None:
+        self.conn.close()
