@@ -347,10 +347,16 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     """Ready when the database answers and every migration is applied."""
-    applied = schema_version(request.app[RUNTIME].db.reader)
+    runtime = request.app[RUNTIME]
+    applied = schema_version(runtime.db.reader)
     ready = applied == len(MIGRATIONS)
     return json_response(
-        {"status": "ready" if ready else "migrating", "schemaVersion": applied},
+        {
+            "status": "ready" if ready else "migrating",
+            "schemaVersion": applied,
+            "backend": "postgresql" if runtime.db.postgres else "sqlite",
+            "leader": runtime.leadership.leader,
+        },
         status=200 if ready else 503,
     )
 
@@ -415,9 +421,11 @@ async def _reconciler_lifetime(app: web.Application) -> AsyncIterator[None]:
             runtime.config.node_lost_after,
             runtime.started,
             app[METRICS].reconcile_failures,
+            runtime.leadership,
         )
     )
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+    runtime.leadership.close()

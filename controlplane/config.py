@@ -10,7 +10,7 @@ MAX_BODY_BYTES = 1024 * 1024  # request bodies over 1 MiB are refused
 
 @dataclass(frozen=True)
 class Config:
-    db_path: Path
+    db_path: Path | str  # a SQLite file, or a postgresql:// URL (B3)
     root_token_file: Path
     host: str = "127.0.0.1"
     port: int = 8080

@@ -15,7 +15,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from controlplane.app import make_app
 from controlplane.config import Config
 from controlplane.demo import demo
-from controlplane.storage.db import Durability
+from controlplane.storage.db import Durability, is_postgres
 from shared.log import configure_logging
 from shared.sdnotify import Notifier
 
@@ -117,6 +117,16 @@ class Runner(web.AppRunner):
         return _HeadTimeoutServer(await super()._make_server(), self._head_timeout)
 
 
+def redacted(location: Path | str) -> str:
+    """A database location for the log: a URL without any password in it."""
+    text = str(location)
+    if not is_postgres(text):
+        return text
+    scheme, _, rest = text.partition("://")
+    who, at, where = rest.rpartition("@")
+    return f"{scheme}://{who.split(':', 1)[0]}{at}{where}" if at else text
+
+
 def parse_listen(value: str) -> tuple[str, int]:
     host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -158,7 +168,7 @@ async def run_server(
     await site.start()
     port = runner.addresses[0][1]  # the bound port, also when --listen asked for port 0
     url = f"http://{config.host}:{port}"
-    log.info("serving", url=url, db=str(config.db_path))
+    log.info("serving", url=url, db=redacted(config.db_path))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -185,7 +195,11 @@ def cli() -> None:
 
 @cli.command()
 @click.option(
-    "--db", "db_path", type=click.Path(path_type=Path), required=True, help="SQLite file."
+    "--db",
+    "db_path",
+    required=True,
+    help="A SQLite file, or a postgresql://user@host:port/db URL (the password from "
+    "PGPASSWORD or ~/.pgpass, never on the command line).",
 )
 @click.option(
     "--listen", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to serve on."
@@ -240,7 +254,7 @@ def cli() -> None:
     help="warning drops the per-request lines.",
 )
 def serve(
-    db_path: Path,
+    db_path: str,
     listen: str,
     root_token_file: Path | None,
     reconcile_interval: float,
@@ -257,8 +271,9 @@ def serve(
     )
     host, port = parse_listen(listen)
     config = Config(
-        db_path=db_path,
-        root_token_file=root_token_file or db_path.parent / "root.token",
+        db_path=db_path if is_postgres(db_path) else Path(db_path),
+        root_token_file=root_token_file
+        or (Path("root.token") if is_postgres(db_path) else Path(db_path).parent / "root.token"),
         host=host,
         port=port,
         reconcile_interval=reconcile_interval,

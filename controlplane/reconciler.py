@@ -26,6 +26,7 @@ from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage.leader import Leadership
 from controlplane.storage.sql import Database
 
 log = structlog.get_logger("controlplane.reconciler")
@@ -105,10 +106,21 @@ async def run_reconciler(
     lost_after: float,
     started: float,
     failures: Counter,
+    leadership: Leadership,
 ) -> None:
-    """Every ``interval`` seconds, one pass; a failed pass is logged and the next one retries."""
+    """Every ``interval`` seconds, one pass on the leader; a failed pass is logged and the
+    next one retries. A replica that does not lead writes the liveness stamps of the nodes
+    that report to it, so the leader's lost-node check sees them (B4)."""
     while True:
         await asyncio.sleep(interval)
+        if not leadership.holds():
+            due = liveness.due(lost_after / 3)
+            if due:
+                try:
+                    await store.write(functools.partial(node_sql.touch, seen=due))
+                except Exception:
+                    log.exception("liveness flush failed")
+            continue
         may_mark_lost = time.monotonic() - started >= lost_after
         work = functools.partial(
             reconcile_pass, liveness=liveness, lost_after=lost_after, may_mark_lost=may_mark_lost

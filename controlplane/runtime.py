@@ -7,6 +7,7 @@ from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache
 from controlplane.storage.db import Store
+from controlplane.storage.leader import Leadership
 
 
 @dataclass
@@ -18,6 +19,10 @@ class Runtime:
     liveness: Liveness = field(default_factory=Liveness)
     credentials: CredentialCache = field(default_factory=CredentialCache)
     started: float = field(default_factory=time.monotonic)
+    leadership: Leadership = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.leadership = Leadership(self.config.db_path)
 
     @property
     def db(self) -> Store:

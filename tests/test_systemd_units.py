@@ -161,7 +161,7 @@ def test_controlplane_command_line_parses() -> None:
     command, *args = exec_start_args(CONTROLPLANE, environment)
     assert command == "serve"
     context = serve.make_context("serve", args)
-    assert context.params["db_path"] == Path("/var/lib/better-compute/controlplane.db")
+    assert context.params["db_path"] == "/var/lib/better-compute/controlplane.db"  # or a URL
     assert context.params["listen"] == "127.0.0.1:8080"
     extra = {**environment, "CONTROLPLANE_ARGS": "--reconcile-interval 10 --node-lost-after 60"}
     context = serve.make_context("serve", exec_start_args(CONTROLPLANE, extra)[1:])

@@ -143,6 +143,9 @@ def activate(db: Database, row: dict[str, Any], seen_since: Callable[[str], floa
     """placed → active once the node holding the booking has reported since it was placed:
     the host is known to be up with the booking on it. True if it moved."""
     seen = seen_since(row["node_id"])
+    if seen is None:  # reported to another replica (B4): its stored stamp says
+        stored = node_sql.get_node(db, row["node_id"])
+        seen = epoch(stored["last_seen_at"]) if stored and stored["last_seen_at"] else None
     if seen is None or seen < epoch(row["placed_at"]):
         return False
     fields = {"state": "active", "updated_at": now()}
