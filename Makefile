@@ -6,7 +6,14 @@ STAMP  := $(VENV)/.installed
 DATA   ?= var
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean postgres
+
+# PostgreSQL server binaries for the test suite's second backend (DESIGN §10, B3): the tests
+# start their own throwaway server from initdb/pg_ctl/postgres, found on PATH or in
+# /usr/lib/postgresql/*/bin (Debian) or /usr/pgsql-*/bin (RHEL). Installed when absent.
+PG_FOUND := for d in $$(dirname "$$(command -v initdb 2>/dev/null || echo /nonexistent/x)") \
+	/usr/lib/postgresql/*/bin /usr/pgsql-*/bin; do \
+	[ -x "$$d/initdb" ] && [ -x "$$d/pg_ctl" ] && [ -x "$$d/postgres" ] && exit 0; done; exit 1
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +25,21 @@ run: $(STAMP)
 	@echo "better-compute control plane: http://$(LISTEN)  (root token: $(DATA)/root.token)"
 	$(BIN)/better-compute-controlplane demo --data $(DATA) --listen $(LISTEN)
 
-test: $(STAMP)
+postgres:
+	@if ( $(PG_FOUND) ); then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then SUDO=; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then SUDO="sudo -n"; \
+	else echo "make: PostgreSQL server binaries (initdb, pg_ctl, postgres) are missing and cannot be installed: need root or passwordless sudo; install PostgreSQL, then rerun" >&2; exit 1; fi; \
+	if command -v apt-get >/dev/null; then \
+		echo "make: installing PostgreSQL server binaries (apt-get install postgresql) for the tests"; \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql >/dev/null; \
+	elif command -v dnf >/dev/null; then \
+		echo "make: installing PostgreSQL server binaries (dnf install postgresql-server) for the tests"; \
+		$$SUDO dnf install -y -q postgresql-server >/dev/null; \
+	else echo "make: PostgreSQL server binaries (initdb, pg_ctl, postgres) are missing and no apt-get or dnf here to install them: install PostgreSQL, then rerun" >&2; exit 1; fi; \
+	( $(PG_FOUND) ) || { echo "make: installing PostgreSQL did not provide initdb, pg_ctl and postgres; install PostgreSQL by hand, then rerun" >&2; exit 1; }
+
+test: $(STAMP) postgres
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

@@ -2,6 +2,7 @@
 
 import io
 import sqlite3
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from aiohttp.test_utils import TestClient
 from controlplane.app import make_app
 from controlplane.config import Config
 from tests.daemons import Daemon
+from tests.postgres import PostgresServer, PostgresUnavailable
 
 TABLES = (
     "tenants",
@@ -155,3 +157,29 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
     running.start()
     yield running
     running.kill()
+
+
+# --- PostgreSQL (DESIGN §10, B3) ---------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the session (tests/postgres.py); never skipped.
+
+    `make test` installs the binaries when absent, so a server that cannot start is a failure.
+    """
+    try:
+        server = PostgresServer()
+        server.start()
+    except (PostgresUnavailable, OSError, subprocess.SubprocessError) as error:
+        pytest.fail(f"PostgreSQL test server could not start: {error}", pytrace=False)
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A fresh empty database (a copy of template0) on the session's server, dropped after."""
+    url = postgres_server.new_database()
+    yield url
+    postgres_server.drop_database(url)
