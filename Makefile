@@ -39,8 +39,10 @@ postgres:
 	else echo "make: PostgreSQL server binaries (initdb, pg_ctl, postgres) are missing and no apt-get or dnf here to install them: install PostgreSQL, then rerun" >&2; exit 1; fi; \
 	( $(PG_FOUND) ) || { echo "make: installing PostgreSQL did not provide initdb, pg_ctl and postgres; install PostgreSQL by hand, then rerun" >&2; exit 1; }
 
+# The suite on both backends (B3): SQLite, then PostgreSQL (a server the tests start).
 test: $(STAMP) postgres
 	$(BIN)/python -m pytest -q
+	BC_TEST_BACKEND=postgresql $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,9 +1,10 @@
 """The real app on a real SQLite file in tmp_path, and helpers to drive it over HTTP."""
 
 import io
+import os
 import sqlite3
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from aiohttp.test_utils import TestClient
 
 from controlplane.app import make_app
 from controlplane.config import Config
+from controlplane.storage.db import connect, is_postgres
 from tests.daemons import Daemon
 from tests.postgres import PostgresServer, PostgresUnavailable
 
@@ -114,17 +116,44 @@ class Api:
         return dict(await self.ok("compute/pools/offer", body))
 
 
-def snapshot(db_path: Path) -> dict[str, list[tuple[Any, ...]]]:
+# B3: the suite runs on either backend; `make test` runs it on both.
+BACKEND = os.environ.get("BC_TEST_BACKEND", "sqlite")
+
+
+def all_tables(db_path: Path | str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of the database, by table, sorted."""
+    listing = (
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        if is_postgres(db_path)
+        else "SELECT name FROM sqlite_master WHERE type = 'table'"
+    )
+    tables = [t for (t,) in execute(db_path, listing)]
+    return {t: sorted(execute(db_path, f"SELECT * FROM {t}"), key=repr) for t in tables}
+
+
+def stored_bytes(db_path: Path | str) -> bytes:
+    """What the database keeps, to show a secret is not in it: SQLite's file and its WAL
+    byte for byte; on PostgreSQL every row of every table."""
+    if is_postgres(db_path):
+        return repr(all_tables(db_path)).encode()
+    return Path(db_path).read_bytes() + Path(f"{db_path}-wal").read_bytes()
+
+
+def snapshot(db_path: Path | str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table, to show a refused request changed nothing."""
-    conn = sqlite3.connect(db_path)
-    try:
-        return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in TABLES}
-    finally:
-        conn.close()
+    return {t: sorted(execute(db_path, f"SELECT * FROM {t}"), key=repr) for t in TABLES}
 
 
-def execute(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Run one statement on the file directly: to read rows, or to stand in for a later feature."""
+def execute(db_path: Path | str, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement on the database directly (a SQLite file or a PostgreSQL URL): to read
+    rows, or to stand in for a later feature."""
+    if is_postgres(db_path):
+        pg = connect(db_path)
+        try:
+            cursor = pg.execute(sql, params)
+            return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+        finally:
+            pg.close()
     conn = sqlite3.connect(db_path)
     try:
         rows = conn.execute(sql, params).fetchall()
@@ -135,18 +164,24 @@ def execute(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> list[tuple
 
 
 @pytest.fixture
-def config(tmp_path: Path) -> Config:
+def config(tmp_path: Path, request: pytest.FixtureRequest) -> Config:
+    """The app's settings on this run's backend: a SQLite file, or a fresh PostgreSQL
+    database (BC_TEST_BACKEND=postgresql)."""
+    if BACKEND == "postgresql":
+        url = request.getfixturevalue("postgres_url")
+        return Config(db_path=url, root_token_file=tmp_path / "root.token")
     return Config(db_path=tmp_path / "bc.db", root_token_file=tmp_path / "root.token")
 
 
 @pytest.fixture
-async def api(aiohttp_client: Any, config: Config) -> AsyncIterator[Api]:
+async def api(config: Config, aiohttp_client: Any) -> AsyncIterator[Api]:
     client = await aiohttp_client(make_app(config))
     yield Api(client, config.root_token_file.read_text().strip())
 
 
 @pytest.fixture
-def db(config: Config) -> Path:
+def db(config: Config) -> Any:
+    """The database the app runs on: a SQLite file's path, or a PostgreSQL URL."""
     return config.db_path
 
 

@@ -1,7 +1,8 @@
 """Helpers for node tests: recorded hosts as inventories, pools with join tokens, joining."""
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -9,9 +10,11 @@ from agent.inventory import collect_inventory
 from controlplane.capacity.liveness import Liveness
 from controlplane.reconciler import PassStats, reconcile_pass
 from controlplane.storage.db import Store
+from controlplane.storage.sql import Database
 from shared.inventory import Inventory
 from tests.conftest import Api, execute
 
+T = TypeVar("T")
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 DGX_POLICY = {"hostReserve": {"vcpu": 8, "memoryGiB": 64}, "overcommit": {"vcpu": 2}}
 
@@ -27,6 +30,27 @@ def one_pass(
         )
     finally:
         store.close()
+
+
+def counting_writes(store: Store, fn: Callable[[Database], T]) -> tuple[T, int]:
+    """Run ``fn`` in one transaction; also the rows the database itself saw written
+    (SQLite's total_changes; PostgreSQL's counters of this very transaction)."""
+    if store.postgres:
+        return store.transact(
+            lambda db: (
+                fn(db),
+                int(
+                    db.execute(
+                        "SELECT coalesce(sum(n_tup_ins + n_tup_upd + n_tup_del), 0) "
+                        "FROM pg_stat_xact_user_tables"
+                    ).fetchone()[0]
+                ),
+            )
+        )
+    conn = store._writer_db.conn  # type: ignore[attr-defined]
+    before = conn.total_changes
+    result = store.transact(fn)
+    return result, conn.total_changes - before
 
 
 def recorded(host: str) -> Inventory:

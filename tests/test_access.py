@@ -2,7 +2,6 @@
 
 import asyncio
 import dataclasses
-import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -12,20 +11,15 @@ import pytest
 from controlplane.api.method import Method
 from controlplane.app import ALL_METHODS, RUNTIME
 from controlplane.services.access import Access
-from tests.conftest import Api, execute
+from tests.conftest import Api, all_tables, execute
 from tests.nodes import joined, recorded, twin, wire
 
 ALLOW_ALL: dict[str, Any] = {"effect": "allow", "actions": ["*"], "resources": ["*"]}
 
 
-def everything(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+def everything(db: Path | str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table: a refused call must change none of them."""
-    conn = sqlite3.connect(db)
-    try:
-        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        return {t: sorted(conn.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
-    finally:
-        conn.close()
+    return all_tables(db)
 
 
 def all_but(action: str) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ import stat
 from pathlib import Path
 
 from controlplane.config import Config
-from tests.conftest import Api, execute, snapshot
+from tests.conftest import Api, execute, snapshot, stored_bytes
 
 
 async def test_bootstrap_root_token_file_is_0600_and_token_stored_hashed(
@@ -15,8 +15,7 @@ async def test_bootstrap_root_token_file_is_0600_and_token_stored_hashed(
     mode = stat.S_IMODE(os.stat(config.root_token_file).st_mode)
     assert mode == 0o600
     token = config.root_token_file.read_text().strip()
-    raw = config.db_path.read_bytes() + Path(f"{config.db_path}-wal").read_bytes()
-    assert token.encode() not in raw
+    assert token.encode() not in stored_bytes(config.db_path)
     assert execute(config.db_path, "SELECT id, deleted_at FROM tenants") == [("root", None)]
 
 
@@ -25,7 +24,7 @@ async def test_credentials_shown_once_and_revoked(api: Api, db: Path) -> None:
     await api.tenant("acme")
     created = await api.ok("iam/credentials/create", {"tenantId": "acme", "name": "ci"})
     assert created["credentialId"].startswith("cred_") and created["token"].startswith("bct_")
-    assert created["token"].encode() not in db.read_bytes() + Path(f"{db}-wal").read_bytes()
+    assert created["token"].encode() not in stored_bytes(db)
     await api.ok("compute/pools/list", {"tenantId": "acme"}, created["token"])
     body = {"tenantId": "acme", "credentialId": created["credentialId"]}
     assert await api.ok("iam/credentials/revoke", body) == {

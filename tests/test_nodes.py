@@ -7,9 +7,10 @@ import msgspec
 from controlplane.capacity.liveness import Liveness
 from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store
-from tests.conftest import Api, execute, snapshot
+from tests.conftest import Api, execute, snapshot, stored_bytes
 from tests.nodes import (
     DGX_POLICY,
+    counting_writes,
     join,
     joined,
     node_snapshot,
@@ -123,7 +124,7 @@ async def test_join_tokens_are_pool_scoped_expiring_and_limited(api: Api, db: Pa
     """Join tokens: stored hashed, used up after maxUses, unknown ones are UNAUTHENTICATED."""
     _, token = await pool_with_token(api, max_uses=1)
     assert token.startswith("bcj_")
-    assert token.encode() not in db.read_bytes() + Path(f"{db}-wal").read_bytes()
+    assert token.encode() not in stored_bytes(db)
     await joined(api, token, recorded("dgx-h100-01"))
     # A second host finds the token used up.
     other = msgspec.structs.replace(recorded("dgx-h100-01"), machine_id="another-host", gpus=[])
@@ -290,10 +291,8 @@ async def test_n5_reconciler_rewrites_nothing_unchanged_and_never_shrinks_below_
     store = Store(db)
     try:
         before = node_snapshot(db)
-        changes = store._writer_db.conn.total_changes
-        stats = store.transact(lambda d: reconcile_pass(d, Liveness(), 3600, True))
-        assert (stats.nodes_recomputed, stats.rows_written) == (0, 0)
-        assert store._writer_db.conn.total_changes == changes
+        stats, writes = counting_writes(store, lambda d: reconcile_pass(d, Liveness(), 3600, True))
+        assert (stats.nodes_recomputed, stats.rows_written, writes) == (0, 0, 0)
         assert node_snapshot(db) == before
         execute(db, "UPDATE node_resources SET allocated = 400 WHERE resource = 'vcpu'")
         await api.ok(

@@ -163,6 +163,8 @@ def quota_rows(
     params: list[Any] = [tenant_id]
     if pool_ids is not None:
         ids = list(pool_ids)
+        if not ids:
+            return []
         sql += f" AND pool_id IN ({', '.join('?' * len(ids))})"
         params.extend(ids)
     return rows(db, sql + " ORDER BY pool_id, resource", params)
@@ -216,7 +218,7 @@ def capacity_ledger(db: Database, pool_id: str) -> list[dict[str, Any]]:
         f" SELECT d.resource, 1, CASE WHEN {placeable} THEN 1 ELSE 0 END, d.allocated,"
         f" CASE WHEN {placeable} AND d.allocated = 0 THEN 1 ELSE 0 END"
         " FROM node_devices d JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = ?"
-        ") GROUP BY resource ORDER BY resource",
+        ") AS ledger GROUP BY resource ORDER BY resource",
         [pool_id, pool_id],
     )
 

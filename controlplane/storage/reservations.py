@@ -278,7 +278,8 @@ def put_budget(db: Database, tenant_id: str, meter: str, limit: float | None, at
 def add_spent(db: Database, tenant_id: str, meter: str, hours: float, at: str) -> None:
     db.execute(
         "INSERT INTO budgets (tenant_id, meter, limit_hours, spent_hours, updated_at) VALUES (?, ?, NULL, ?, ?) "
-        "ON CONFLICT (tenant_id, meter) DO UPDATE SET spent_hours = spent_hours + excluded.spent_hours, "
+        "ON CONFLICT (tenant_id, meter) DO UPDATE SET "
+        "spent_hours = budgets.spent_hours + excluded.spent_hours, "
         "updated_at = excluded.updated_at",
         [tenant_id, meter, hours, at],
     )
