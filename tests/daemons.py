@@ -22,8 +22,10 @@ def free_port() -> int:
 class Daemon:
     """One `better-compute-controlplane serve` process with its log in a file."""
 
-    def __init__(self, workdir: Path, *extra: str) -> None:
+    def __init__(self, workdir: Path, *extra: str, db: str | None = None) -> None:
+        """``db``: a postgresql:// URL instead of a SQLite file in ``workdir`` (a replica)."""
         self.workdir = workdir
+        self.db = db
         self.extra = extra
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -37,7 +39,9 @@ class Daemon:
                     str(DAEMON),
                     "serve",
                     "--db",
-                    str(self.workdir / "data" / "bc.db"),
+                    self.db or str(self.workdir / "data" / "bc.db"),
+                    "--root-token-file",
+                    str(self.workdir / "data" / "root.token"),
                     "--listen",
                     f"127.0.0.1:{self.port}",
                     "--log-format",

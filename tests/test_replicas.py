@@ -1,0 +1,142 @@
+"""B4, B5: several `serve` processes on one PostgreSQL database: any replica answers any
+method, one leader runs the passes and another takes over, every rule holds across them."""
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.conftest import execute
+from tests.daemons import Daemon, call, root_pool
+
+INTERVAL = 0.3  # --reconcile-interval: a takeover is due within two of them
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, postgres_url: str) -> Iterator[list[Daemon]]:
+    """Two replicas on one fresh PostgreSQL database; the first bootstraps root's token."""
+    running = []
+    for n in range(2):
+        workdir = tmp_path / f"replica{n}"
+        (workdir / "data").mkdir(parents=True)
+        daemon = Daemon(workdir, "--reconcile-interval", str(INTERVAL), db=postgres_url)
+        daemon.start()
+        running.append(daemon)
+    for daemon in running[1:]:  # the database was not empty for them: root's token is shared
+        (daemon.workdir / "data" / "root.token").write_text(running[0].token)
+    yield running
+    for daemon in running:
+        daemon.kill()
+
+
+async def ready(session: aiohttp.ClientSession, daemon: Daemon) -> Any:
+    async with session.get(f"{daemon.url}/readyz") as response:
+        assert response.status == 200
+        return await response.json()
+
+
+async def leaders(session: aiohttp.ClientSession, daemons: list[Daemon]) -> list[bool]:
+    return [(await ready(session, d))["leader"] for d in daemons]
+
+
+async def test_b4_one_leader_and_a_takeover_within_two_intervals(replicas: list[Daemon]) -> None:
+    """B4: /readyz says backend postgresql; exactly one replica leads; when it dies another
+    leads within two reconcile intervals, and a write on either replica is read on the other."""
+    first, second = replicas
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + 10
+        led: list[bool] = []
+        while time.monotonic() < deadline:
+            led = await leaders(session, replicas)
+            if sum(led) == 1:
+                break
+            await asyncio.sleep(0.05)
+        assert sum(led) == 1, led
+        assert {(await ready(session, d))["backend"] for d in replicas} == {"postgresql"}
+        site = await call(
+            session,
+            first.url,
+            "compute/sites/create",
+            first.token,
+            {"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"},
+        )
+        listed = await call(
+            session, second.url, "compute/sites/list", second.token, {"tenantId": "root"}
+        )
+        assert [s["id"] for s in listed["items"]] == [site["id"]]
+        leader, follower = (first, second) if led[0] else (second, first)
+        leader.kill()
+        died = time.monotonic()
+        while not (await ready(session, follower))["leader"]:
+            assert time.monotonic() - died < 2 * INTERVAL + 1.0, "no takeover"
+            await asyncio.sleep(0.02)
+        assert time.monotonic() - died < 2 * INTERVAL + 1.0
+
+
+async def test_b5_rules_hold_across_replicas(replicas: list[Daemon], postgres_url: str) -> None:
+    """B5: concurrent creates on both replicas never over-admit a quota, one idempotency key
+    makes one pool, the event seq is gapless, a revocation on one replica is refused by the
+    other within 1 s."""
+    first, second = replicas
+    async with aiohttp.ClientSession() as session:
+        pool = await root_pool(session, first, gpuModel="H100", ownerQuota={"gpu": 16})
+        body = {"tenantId": "root", "poolId": pool["id"], "resources": {"gpu": 1}}
+
+        async def create(daemon: Daemon) -> str:
+            answer = await call(
+                session, daemon.url, "compute/reservations/create", daemon.token, body
+            )
+            return f"{answer['state']}:{answer['reason']}"
+
+        outcomes = Counter(await asyncio.gather(*(create(replicas[n % 2]) for n in range(60))))
+        assert outcomes == {"pending:None": 16, "failed:QuotaExceeded": 44}, outcomes
+        assert execute(postgres_url, "SELECT used FROM quotas WHERE resource = 'gpu'") == [(16,)]
+        site = (
+            await call(session, first.url, "compute/sites/list", first.token, {"tenantId": "root"})
+        )["items"][0]
+        keyed = {
+            "tenantId": "root",
+            "siteId": site["id"],
+            "class": "metal-host",
+            "idempotencyKey": "one",
+        }
+        made = await asyncio.gather(
+            *(
+                call(session, replicas[n % 2].url, "compute/pools/create", first.token, keyed)
+                for n in range(12)
+            )
+        )
+        assert len({p["id"] for p in made}) == 1
+        created = execute(postgres_url, "SELECT count(*) FROM events WHERE type = 'pool.created'")
+        assert created == [(2,)]  # the first pool and the keyed one, once
+        seqs = [seq for (seq,) in execute(postgres_url, "SELECT seq FROM events ORDER BY seq")]
+        assert seqs == list(range(1, len(seqs) + 1))
+        await call(session, first.url, "iam/tenants/create", first.token, {"tenantId": "acme"})
+        acme = await call(
+            session, first.url, "iam/credentials/create", first.token, {"tenantId": "acme"}
+        )
+        headers = {"Authorization": f"Bearer {acme['token']}"}
+        listing = {"tenantId": "acme"}
+        async with session.post(
+            f"{second.url}/api/compute/pools/list", json=listing, headers=headers
+        ) as r:
+            assert r.status == 200  # cached by the second replica now
+        await call(
+            session,
+            first.url,
+            "iam/credentials/revoke",
+            first.token,
+            {"tenantId": "acme", "credentialId": acme["credentialId"]},
+        )
+        revoked = time.monotonic()
+        await asyncio.sleep(1.0)
+        async with session.post(
+            f"{second.url}/api/compute/pools/list", json=listing, headers=headers
+        ) as r:
+            assert r.status == 401
+        assert time.monotonic() - revoked < 2.0
