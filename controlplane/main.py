@@ -265,7 +265,14 @@ def serve(
     log_format: str,
     log_level: str,
 ) -> None:
-    """Serve the HTTP API on a SQLite database (created and migrated on first start)."""
+    """Serve the HTTP API on a SQLite file or a PostgreSQL database (created or migrated on
+    first start); several replicas may serve one PostgreSQL database."""
+    if is_postgres(db_path) and redacted(db_path) != db_path:
+        raise click.BadParameter(
+            "a password does not go on the command line (it would show in ps and logs): "
+            "give it in PGPASSWORD or ~/.pgpass",
+            param_hint="--db",
+        )
     configure_logging(
         json=None if log_format == "auto" else log_format == "json", level=LOG_LEVELS[log_level]
     )

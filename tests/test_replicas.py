@@ -140,3 +140,20 @@ async def test_b5_rules_hold_across_replicas(replicas: list[Daemon], postgres_ur
         ) as r:
             assert r.status == 401
         assert time.monotonic() - revoked < 2.0
+
+
+def test_b3_a_password_on_the_command_line_is_refused(tmp_path: Path) -> None:
+    """B3: a postgresql:// URL with a password in it is refused before anything connects
+    (it would show in ps and in logs); PGPASSWORD or ~/.pgpass carry it."""
+    import subprocess
+
+    from tests.daemons import DAEMON
+
+    done = subprocess.run(
+        [str(DAEMON), "serve", "--db", "postgresql://bc:hunter2@127.0.0.1:1/bc"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "PGPASSWORD" in done.stderr and "hunter2" not in done.stderr
