@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/reservations.py
 	$(BIN)/python bench/durability.py
 	$(BIN)/python bench/crash.py
+	$(BIN)/python bench/backends.py
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache
