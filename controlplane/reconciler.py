@@ -83,12 +83,9 @@ def reconcile_pass(
     # After the rows, so new capacity places first; each reservation in its own savepoint.
     at = now()
     moves = [
+        *(isolated(db, "reservation", r.id, retry_pending, db, r, at) for r in res_sql.pending(db)),
         *(
-            isolated(db, "reservation", r["id"], retry_pending, db, r, at)
-            for r in res_sql.pending(db)
-        ),
-        *(
-            isolated(db, "reservation", r["id"], activate, db, r, liveness.last_epoch)
+            isolated(db, "reservation", r.id, activate, db, r, liveness.last_epoch)
             for r in res_sql.placed(db)
         ),
     ]

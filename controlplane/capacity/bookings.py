@@ -15,6 +15,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import epoch, now
 from controlplane.storage.sql import Database
+from controlplane.storage.types import PoolRow, ReservationRow
 
 ATOMS = {"exclusive": "gpu", "mig": "gpu.mig", "timeslice": "gpu.slot", "mps": "gpu.slot"}
 
@@ -23,77 +24,76 @@ PLACE_CANDIDATES = 32
 
 
 def reservation_event(
-    db: Database, kind: str, row: dict[str, Any], owner: str, **data: Any
+    db: Database, kind: str, row: ReservationRow, owner: str, **data: Any
 ) -> None:
     events.append(
         db,
         f"reservation.{kind}",
-        pool_id=row["pool_id"],
+        pool_id=row.pool_id,
         data={
-            "reservationId": row["id"],
-            "tenantId": row["tenant_id"],
-            "state": row["state"],
+            "reservationId": row.id,
+            "tenantId": row.tenant_id,
+            "state": row.state,
             **data,
         },
-        audience=[row["tenant_id"], owner],
+        audience=[row.tenant_id, owner],
     )
 
 
-def _give_back_quota(db: Database, row: dict[str, Any], at: str) -> None:
-    for resource, amount in msgspec.json.decode(row["resources"]).items():
-        res_sql.add_used(db, row["pool_id"], row["tenant_id"], resource, -amount, at)
+def _give_back_quota(db: Database, row: ReservationRow, at: str) -> None:
+    for resource, amount in row.resources.items():
+        res_sql.add_used(db, row.pool_id, row.tenant_id, resource, -amount, at)
 
 
 def finish(
-    db: Database, row: dict[str, Any], state: str, reason: str | None, message: str
-) -> dict[str, Any]:
+    db: Database, row: ReservationRow, state: str, reason: str | None, message: str
+) -> ReservationRow:
     """End or fail a live reservation: release its bookings, its quota and meter its GPU hours."""
     at = now()
-    pool = pool_sql.get_pool(db, row["pool_id"])
+    pool = pool_sql.get_pool(db, row.pool_id)
     assert pool is not None
-    booked = res_sql.release(db, row["id"])
-    if pool["sharing"] != "exclusive":  # its GPUs may take their new layout or sharing now
+    booked = res_sql.release(db, row.id)
+    if pool.sharing != "exclusive":  # its GPUs may take their new layout or sharing now
         node_sql.mark_stale(db, {b["node_id"] for b in booked if b["resource"] in ATOMS.values()})
-    if row["state"] in res_sql.LIVE:
+    if row.state in res_sql.LIVE:
         _give_back_quota(db, row, at)
-    meter = meter_of(pool["gpu_model"])
-    if row["placed_at"] and meter:
-        replicas = msgspec.json.decode(pool["policy"]).get("replicas", 1)
+    meter = meter_of(pool.gpu_model)
+    if row.placed_at and meter:
         share = sum(
-            gpu_equivalents(b["resource"], b["amount"], row["mig_profile"], replicas)
+            gpu_equivalents(b["resource"], b["amount"], row.mig_profile, pool.replicas)
             for b in booked
         )
-        hours = share * max(0.0, time.time() - epoch(row["placed_at"])) / 3600
+        hours = share * max(0.0, time.time() - epoch(row.placed_at)) / 3600
         if hours:
-            res_sql.add_spent(db, row["tenant_id"], meter, hours, at)
+            res_sql.add_spent(db, row.tenant_id, meter, hours, at)
     fields = {"state": state, "reason": reason, "updated_at": at, "ended_at": at}
-    res_sql.update(db, row["id"], fields)
-    done = {**row, **fields}
+    res_sql.update(db, row.id, fields)
+    done = msgspec.structs.replace(row, **fields)
     reservation_event(
         db,
         "ended" if state == "ended" else "failed",
         done,
-        pool["owner_tenant_id"],
+        pool.owner_tenant_id,
         reason=reason,
         message=message,
     )
     return done
 
 
-def place(db: Database, row: dict[str, Any], pool: dict[str, Any]) -> bool:
+def place(db: Database, row: ReservationRow, pool: PoolRow) -> bool:
     """Book the reservation on the first ready host node it fits (atoms and rows); False if none."""
-    resources: dict[str, int] = msgspec.json.decode(row["resources"])
-    atom = ATOMS[pool["sharing"]]
+    resources = row.resources
+    atom = ATOMS[pool.sharing]
     wanted_atoms = resources.get(atom, 0)
     rows_asked = {r: a for r, a in resources.items() if r not in ("gpu", "gpu.mig", "gpu.slot")}
     after = ""
     while True:  # keyset pages of candidates, until one fits or the pool has no more
         if wanted_atoms:
             candidates = res_sql.nodes_with_free_atoms(
-                db, pool["id"], atom, row["mig_profile"], wanted_atoms, PLACE_CANDIDATES, after
+                db, pool.id, atom, row.mig_profile, wanted_atoms, PLACE_CANDIDATES, after
             )
         else:
-            candidates = res_sql.ready_nodes(db, pool["id"], PLACE_CANDIDATES, after)
+            candidates = res_sql.ready_nodes(db, pool.id, PLACE_CANDIDATES, after)
         if not candidates:
             return False
         for node_id in candidates:
@@ -104,8 +104,8 @@ def place(db: Database, row: dict[str, Any], pool: dict[str, Any]) -> bool:
 
 def _book_on(
     db: Database,
-    row: dict[str, Any],
-    pool: dict[str, Any],
+    row: ReservationRow,
+    pool: PoolRow,
     node_id: str,
     atom: str,
     wanted_atoms: int,
@@ -116,16 +116,16 @@ def _book_on(
     if any(free.get(resource, 0) < amount for resource, amount in rows_asked.items()):
         return False
     if wanted_atoms:
-        booked = res_sql.book_atoms(db, node_id, atom, row["mig_profile"], wanted_atoms, row["id"])
+        booked = res_sql.book_atoms(db, node_id, atom, row.mig_profile, wanted_atoms, row.id)
         if booked != wanted_atoms:  # the candidate query said they were free in this transaction
             raise RuntimeError(f"booked {booked} of {wanted_atoms} {atom} atoms on {node_id}")
-        res_sql.insert_booking(db, row["id"], node_id, atom, wanted_atoms)
-        if pool["sharing"] != "exclusive":  # the spec lists booked GPUs (U3, H4): render anew
+        res_sql.insert_booking(db, row.id, node_id, atom, wanted_atoms)
+        if pool.sharing != "exclusive":  # the spec lists booked GPUs (U3, H4): render anew
             node_sql.mark_stale(db, [node_id])
     for resource, amount in rows_asked.items():
         if not res_sql.book_row(db, node_id, resource, amount):
             raise RuntimeError(f"{resource} on {node_id} was free a moment ago in this transaction")
-        res_sql.insert_booking(db, row["id"], node_id, resource, amount)
+        res_sql.insert_booking(db, row.id, node_id, resource, amount)
     at = now()
     fields = {
         "state": "placed",
@@ -134,41 +134,48 @@ def _book_on(
         "updated_at": at,
         "reason": None,
     }
-    res_sql.update(db, row["id"], fields)
-    reservation_event(db, "placed", {**row, **fields}, pool["owner_tenant_id"], nodeId=node_id)
-    return True
-
-
-def activate(db: Database, row: dict[str, Any], seen_since: Callable[[str], float | None]) -> bool:
-    """placed → active once the node holding the booking has reported since it was placed:
-    the host is known to be up with the booking on it. True if it moved."""
-    seen = seen_since(row["node_id"])
-    if seen is None:  # reported to another replica (B4): its stored stamp says
-        stored = node_sql.get_node(db, row["node_id"])
-        seen = epoch(stored["last_seen_at"]) if stored and stored["last_seen_at"] else None
-    if seen is None or seen < epoch(row["placed_at"]):
-        return False
-    fields = {"state": "active", "updated_at": now()}
-    res_sql.update(db, row["id"], fields)
-    pool = pool_sql.get_pool(db, row["pool_id"])
-    assert pool is not None
+    res_sql.update(db, row.id, fields)
     reservation_event(
-        db, "active", {**row, **fields}, pool["owner_tenant_id"], nodeId=row["node_id"]
+        db, "placed", msgspec.structs.replace(row, **fields), pool.owner_tenant_id, nodeId=node_id
     )
     return True
 
 
-def retry_pending(db: Database, row: dict[str, Any], at: str) -> bool:
+def activate(db: Database, row: ReservationRow, seen_since: Callable[[str], float | None]) -> bool:
+    """placed → active once the node holding the booking has reported since it was placed:
+    the host is known to be up with the booking on it. True if it moved."""
+    assert row.node_id is not None and row.placed_at is not None  # a placed reservation
+    seen = seen_since(row.node_id)
+    if seen is None:  # reported to another replica (B4): its stored stamp says
+        stored = node_sql.get_node(db, row.node_id)
+        seen = epoch(stored["last_seen_at"]) if stored and stored["last_seen_at"] else None
+    if seen is None or seen < epoch(row.placed_at):
+        return False
+    fields = {"state": "active", "updated_at": now()}
+    res_sql.update(db, row.id, fields)
+    pool = pool_sql.get_pool(db, row.pool_id)
+    assert pool is not None
+    reservation_event(
+        db,
+        "active",
+        msgspec.structs.replace(row, **fields),
+        pool.owner_tenant_id,
+        nodeId=row.node_id,
+    )
+    return True
+
+
+def retry_pending(db: Database, row: ReservationRow, at: str) -> bool:
     """The placer's pass over one pending reservation: PoolGone, Expired, or another try to
     place it; True if it moved."""
-    pool = pool_sql.get_pool(db, row["pool_id"])
+    pool = pool_sql.get_pool(db, row.pool_id)
     assert pool is not None
-    offered = pool_sql.authz_row_exists(db, row["tenant_id"], pool["id"])
-    if pool["archived_at"] is not None or not offered or row["reason"] == "PoolGone":
-        message = "the pool is archived" if pool["archived_at"] else "the pool is no longer offered"
+    offered = pool_sql.authz_row_exists(db, row.tenant_id, pool.id)
+    if pool.archived_at is not None or not offered or row.reason == "PoolGone":
+        message = "the pool is archived" if pool.archived_at else "the pool is no longer offered"
         finish(db, row, "failed", "PoolGone", message)
         return True
-    if row["expires_at"] and row["expires_at"] <= at:
+    if row.expires_at and row.expires_at <= at:
         finish(db, row, "failed", "Expired", "not placed within the pool's maxPending")
         return True
     return place(db, row, pool)

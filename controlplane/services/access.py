@@ -12,6 +12,7 @@ from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.sql import Database
+from controlplane.storage.types import ReservationRow, VisiblePool
 from shared.errors import Conflict, NotFound, PermissionDenied
 from shared.ids import derived_id
 
@@ -30,15 +31,9 @@ def act_for(db: Database, principal: Principal, tenant_id: str, action: str) -> 
         raise NotFound("tenant not found", field="tenantId")
 
 
-def authz_attrs(pool: dict[str, Any]) -> dict[str, Any]:
+def authz_attrs(pool: VisiblePool) -> dict[str, Any]:
     """The attributes statements' conditions match, from the pool's authz row for the tenant."""
-    return {
-        "gpuModel": pool["authz_gpu_model"],
-        "class": pool["authz_class"],
-        "sharing": pool["authz_sharing"],
-        "region": pool["authz_region"],
-        "owned": bool(pool["authz_owned"]),
-    }
+    return pool.authz.attrs()
 
 
 def pool_not_found() -> NotFound:
@@ -47,7 +42,7 @@ def pool_not_found() -> NotFound:
 
 def visible_pool(
     db: Database, principal: Principal, tenant_id: str, pool_id: str, action: str
-) -> dict[str, Any]:
+) -> VisiblePool:
     """The pool as ``tenant_id`` may read it, or NOT_FOUND (L2): never reveal existence."""
     pool = pool_sql.pool_for_tenant(db, tenant_id, pool_id)
     if pool is None or not decide(principal, action, "compute-pool", authz_attrs(pool)):
@@ -62,7 +57,7 @@ def owned_pool(
     pool_id: str,
     action: str,
     version: int | UnsetType = UNSET,
-) -> dict[str, Any]:
+) -> VisiblePool:
     """A pool ``tenant_id`` owns, for an owner-only action: anyone else gets NOT_FOUND (O1, U1, A1).
 
     An owner whose credential may see the pool but not take the action gets
@@ -71,18 +66,18 @@ def owned_pool(
     own transaction.
     """
     pool = pool_sql.pool_for_tenant(db, tenant_id, pool_id)
-    if pool is None or not pool["authz_owned"]:
+    if pool is None or not pool.authz.owned:
         raise pool_not_found()
     attrs = authz_attrs(pool)
     if not decide(principal, action, "compute-pool", attrs):
         if decide(principal, "compute:pools:read", "compute-pool", attrs):
             raise PermissionDenied(f"{action} is not allowed on this pool", action=action)
         raise pool_not_found()
-    if version is not UNSET and version != pool["version"]:
+    if version is not UNSET and version != pool.version:
         raise Conflict(
-            f"stale version: the pool is at version {pool['version']}, not {version}",
+            f"stale version: the pool is at version {pool.version}, not {version}",
             field="version",
-            current=pool["version"],
+            current=pool.version,
         )
     return pool
 
@@ -200,7 +195,7 @@ def authorize(db: Database, caller: Any, access: Access, body: Any) -> None:
         require_on_tenant(principal, action)
     elif access.on == "reservation":
         reservation = res_sql.get(db, body.reservation_id)
-        if reservation is None or reservation["tenant_id"] != body.tenant_id:
+        if reservation is None or reservation.tenant_id != body.tenant_id:
             raise NotFound("reservation not found", field="reservationId")
         _reservation_pool(db, principal, reservation, action)
     elif access.on == "node":
@@ -224,12 +219,12 @@ def require_on_tenant(principal: Principal, action: str) -> None:
 
 
 def _reservation_pool(
-    db: Database, principal: Principal, reservation: dict[str, Any], action: str
+    db: Database, principal: Principal, reservation: ReservationRow, action: str
 ) -> None:
     """A reservation is decided on its pool as the pool is now, also once the tenant's offer
     is gone (it may still read and end what it holds there); NOT_FOUND when refused."""
-    found = pool_sql.attrs_for(db, reservation["tenant_id"], [reservation["pool_id"]])
-    if not decide(principal, action, "compute-pool", authz_attrs(found[0])):
+    found = pool_sql.attrs_for(db, reservation.tenant_id, [reservation.pool_id])
+    if not decide(principal, action, "compute-pool", found[reservation.pool_id].attrs()):
         raise NotFound("reservation not found", field="reservationId")
 
 
@@ -241,7 +236,10 @@ def readable_pools(
     pools/get would answer NOT_FOUND (R1)."""
     if principal.is_admin:
         return pool_ids
-    rows = {row["id"]: authz_attrs(row) for row in pool_sql.attrs_for(db, tenant_id, pool_ids)}
+    rows = {
+        pool_id: authz.attrs()
+        for pool_id, authz in pool_sql.attrs_for(db, tenant_id, pool_ids).items()
+    }
     return {
         pool_id
         for pool_id in pool_ids

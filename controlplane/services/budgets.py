@@ -2,8 +2,6 @@
 
 import time
 
-import msgspec
-
 from controlplane.capacity.meters import gpu_equivalents, meter_of
 from controlplane.iam.decide import Principal
 from controlplane.services.access import act_for
@@ -24,14 +22,13 @@ def spent_hours(db: Database, tenant_id: str, meter: str, at: float) -> float:
     spent = stored["spent_hours"] if stored else 0.0
     for booking in res_sql.placed_gpu_hours(db, tenant_id):
         pool = pool_sql.get_pool(db, booking["pool_id"])
-        if pool is None or meter_of(pool["gpu_model"]) != meter:
+        if pool is None or meter_of(pool.gpu_model) != meter:
             continue
-        policy = msgspec.json.decode(pool["policy"])
         share = gpu_equivalents(
             booking["resource"],
             booking["amount"],
             booking["mig_profile"],
-            policy.get("replicas", 1),
+            pool.replicas,
         )
         spent += share * max(0.0, at - epoch(booking["placed_at"])) / 3600
     return spent

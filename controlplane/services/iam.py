@@ -128,9 +128,9 @@ async def delete_tenant(
             )
         archived = []
         for pool in pool_sql.pools_owned_by(db, req.tenant_id):
-            if pool["archived_at"] is None:
+            if pool.archived_at is None:
                 archive_in_txn(db, pool, reason="tenant deleted")
-                archived.append(pool["id"])
+                archived.append(pool.id)
         withdrawn = []
         for offer in pool_sql.offers_to(db, req.tenant_id):
             offered = pool_sql.get_pool(db, offer["pool_id"])

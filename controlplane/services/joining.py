@@ -67,16 +67,16 @@ async def create_join_token(
 
     def txn(db: Database) -> JoinTokenCreated:
         pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:join")
-        if pool["archived_at"] is not None:
+        if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
-        if pool["agent"] == "none":
+        if pool.agent == "none":
             raise InvalidState("agents do not join a pool with agent: none")
         expires_at = timestamp(time.time() + req.ttl_seconds)
         node_sql.insert_join_token(
             db,
             {
                 "id": new_id("jtok"),
-                "pool_id": pool["id"],
+                "pool_id": pool.id,
                 "token_hash": token_hash(token),
                 "expires_at": expires_at,
                 "max_uses": req.max_uses,
@@ -84,7 +84,7 @@ async def create_join_token(
             },
         )
         return JoinTokenCreated(
-            token=token, pool_id=pool["id"], expires_at=expires_at, max_uses=req.max_uses
+            token=token, pool_id=pool.id, expires_at=expires_at, max_uses=req.max_uses
         )
 
     return await store.write(txn)
@@ -114,15 +114,14 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
         join_token = attestor(db, req)
         pool = pool_sql.get_pool(db, join_token["pool_id"])
         assert pool is not None
-        if pool["archived_at"] is not None:
+        if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
-        policy = msgspec.json.decode(pool["policy"])
-        allowed = policy.get("joinAttestors") or ["join-token"]
+        allowed = pool.join_attestors
         if req.attestor not in allowed:
             raise InvalidInput(f"the pool accepts attestors {allowed}", field="attestor")
         existing = node_sql.node_by_identity(db, identity_of(inventory))
         if existing is not None:
-            if existing["pool_id"] != pool["id"]:
+            if existing["pool_id"] != pool.id:
                 raise Conflict(
                     "this host is already a node of another pool", field="inventory.machineId"
                 )
@@ -133,9 +132,10 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
                     "give each host its own /etc/machine-id)",
                     field="inventory.machineId",
                 )
-        check_family(pool, inventory)
+        family = {"gpu_model": pool.gpu_model}
+        check_family(family, inventory)
         at = now()
-        state, reason = admission(pool, policy, inventory)
+        state, reason = admission(family, pool.policy, inventory)
         if state == READY and (existing is None or existing["state"] != READY):
             # H1: ready once its agent reports the NodeSpec applied (reconcile_one decides).
             state, reason = CONFIGURING, "waiting for the agent to apply its NodeSpec"
@@ -153,14 +153,14 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
         node_sql.use_join_token(db, join_token["id"])
         if existing is None:
             node_id = new_id("node")
-            site = site_sql.get_site(db, pool["site_id"])
+            site = site_sql.get_site(db, pool.site_id)
             assert site is not None
             node_sql.insert_node(
                 db,
                 {
                     **fields,
                     "id": node_id,
-                    "pool_id": pool["id"],
+                    "pool_id": pool.id,
                     "identity": identity_of(inventory),
                     "tenant_owned": int(site["kind"] == "custom"),
                     "inventory_rev": 1,
@@ -178,11 +178,11 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
         joined = node_sql.get_node(db, node_id)
         assert joined is not None
         before = msgspec.json.decode(existing["inventory"], type=Inventory) if existing else None
-        health_events(db, joined, pool["owner_tenant_id"], before, inventory)
+        health_events(db, joined, pool.owner_tenant_id, before, inventory)
         events.append(
             db,
             "node.joined",
-            pool_id=pool["id"],
+            pool_id=pool.id,
             data={
                 "nodeId": node_id,
                 "hostname": req.hostname,
@@ -190,10 +190,10 @@ async def join_node(store: Store, req: NodesJoin) -> NodeJoined:
                 "reason": reason,
                 "rejoined": existing is not None,
             },
-            audience=[pool["owner_tenant_id"]],
+            audience=[pool.owner_tenant_id],
         )
         return NodeJoined(
-            node_id=node_id, token=token, pool_id=pool["id"], rejoined=existing is not None
+            node_id=node_id, token=token, pool_id=pool.id, rejoined=existing is not None
         )
 
     return await store.write(txn)

@@ -44,7 +44,7 @@ def _event(db: Database, kind: str, node: dict[str, Any], **data: Any) -> None:
         f"node.{kind}",
         pool_id=node["pool_id"],
         data={"nodeId": node["id"], "hostname": node["hostname"], **data},
-        audience=[pool["owner_tenant_id"]],
+        audience=[pool.owner_tenant_id],
     )
 
 
@@ -137,7 +137,7 @@ def progress_drain(db: Database, node: dict[str, Any]) -> bool:
         for row in live:
             finish(db, row, "ended", "NodeDrained", "the node's drain reached its deadline")
     node_sql.update_node(db, node["id"], {"drain_state": "drained", "updated_at": now()})
-    _event(db, "drained", node, ended=[row["id"] for row in live])
+    _event(db, "drained", node, ended=[row.id for row in live])
     return True
 
 
@@ -156,12 +156,12 @@ async def remove(store: Store, principal: Principal, req: NodesRemove) -> NodeRe
                 f"{len(live)} placed or active reservations are booked on the node; drain it, "
                 "or remove it with force: true",
                 field="nodeId",
-                reservations=[row["id"] for row in live],
+                reservations=[row.id for row in live],
             )
         for row in live:
             finish(db, row, "ended", "NodeRemoved", "the node was removed")
         node_sql.remove(db, node["id"], now())
-        _event(db, "removed", node, ended=[row["id"] for row in live])
+        _event(db, "removed", node, ended=[row.id for row in live])
         return NodeRemoved(removed=True)
 
     return await store.write(txn)

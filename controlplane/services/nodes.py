@@ -123,12 +123,10 @@ def list_nodes(db: Database, principal: Principal, liveness: Liveness, req: Node
     """A pool's nodes, or without poolId every node of every pool the tenant owns (H7), in id
     order, a page at a time; owner only: anyone else, offered or not, NOT_FOUND."""
     if req.pool_id is UNSET:
-        owned = {p["id"] for p in pool_sql.pools_owned_by(db, req.tenant_id)}
+        owned = {p.id for p in pool_sql.pools_owned_by(db, req.tenant_id)}
         pool_ids = sorted(readable_pools(db, principal, req.tenant_id, owned, "compute:nodes:read"))
     else:
-        pool_ids = [
-            owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:read")["id"]
-        ]
+        pool_ids = [owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:read").id]
     page = node_sql.nodes_of_pools(
         db,
         pool_ids,

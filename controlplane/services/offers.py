@@ -1,6 +1,5 @@
 """Offers and quotas: pools.offer, pools.unoffer, quotas.set, quotas.list (O1–O6, E1)."""
 
-import msgspec
 from msgspec import UNSET
 
 from controlplane.iam.decide import Principal
@@ -14,6 +13,7 @@ from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
 from controlplane.storage.sql import Database
+from controlplane.storage.types import PoolRow
 from shared.errors import InvalidInput, InvalidState, NotFound
 from shared.schemas import (
     PoolsOffer,
@@ -28,13 +28,11 @@ from shared.schemas import (
 SINGLE_TENANT_SHARING = ("timeslice", "mps")  # S1: no isolation between slots
 
 
-def _check_offer_rules(
-    db: Database, pool: dict[str, object], policy: dict[str, object], req: PoolsOffer
-) -> None:
+def _check_offer_rules(db: Database, pool: PoolRow, req: PoolsOffer) -> None:
     """O4: what may not be offered to a tenant other than the owner."""
-    if pool["sharing"] in SINGLE_TENANT_SHARING:
+    if pool.sharing in SINGLE_TENANT_SHARING:
         raise InvalidState(
-            f"a {pool['sharing']} pool is single-tenant: it can be offered only to its owner",
+            f"a {pool.sharing} pool is single-tenant: it can be offered only to its owner",
             field="toTenantId",
         )
     if pool_sql.tenant_owned_nodes(db, req.pool_id):
@@ -42,7 +40,7 @@ def _check_offer_rules(
             "a pool holding tenant-owned nodes can be offered only to its owner",
             field="toTenantId",
         )
-    if policy.get("singleTenant") is True:
+    if pool.single_tenant:
         if req.include_descendants:
             raise InvalidState(
                 "a singleTenant pool cannot be offered with includeDescendants",
@@ -62,44 +60,44 @@ async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> Poo
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
         )
-        if pool["archived_at"] is not None:
+        if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
         at = now()
         target = req.to_tenant_id
-        if target != pool["owner_tenant_id"]:
+        if target != pool.owner_tenant_id:
             if iam_sql.get_tenant(db, target) is None:
                 raise NotFound("tenant not found", field="toTenantId")
-            _check_offer_rules(db, pool, msgspec.json.decode(pool["policy"]), req)
-            site = site_sql.get_site(db, pool["site_id"])
+            _check_offer_rules(db, pool, req)
+            site = site_sql.get_site(db, pool.site_id)
             assert site is not None
-            pool_sql.put_offer(db, pool["id"], target, req.include_descendants, req.priority, at)
+            pool_sql.put_offer(db, pool.id, target, req.include_descendants, req.priority, at)
             pool_sql.put_authz(db, target, pool, site["region"])  # O5
-        grant(db, pool["id"], target, dict(req.quota), at)  # O2
+        grant(db, pool.id, target, dict(req.quota), at)  # O2
         stored = {
             row["resource"]: row["max"]
-            for row in pool_sql.quota_rows(db, target, [pool["id"]])
+            for row in pool_sql.quota_rows(db, target, [pool.id])
             if row["resource"] in req.quota
         }
         events.append(
             db,
             "pool.offered",
-            pool_id=pool["id"],
+            pool_id=pool.id,
             data={
                 "toTenantId": target,
                 "quota": stored,
                 "includeDescendants": req.include_descendants,
                 "priority": req.priority,
             },
-            audience=[pool["owner_tenant_id"], target],
+            audience=[pool.owner_tenant_id, target],
         )
         return pool_view(db, pool, target)
 
     return await store.write(txn)
 
 
-def withdraw_offer(db: Database, pool: dict[str, object], tenant: str) -> bool:
+def withdraw_offer(db: Database, pool: PoolRow, tenant: str) -> bool:
     """O6: remove the offer, drop quotas to what is in use, remove the authz row, emit the event."""
-    pool_id = str(pool["id"])
+    pool_id = str(pool.id)
     if not pool_sql.delete_offer(db, pool_id, tenant):
         return False
     drop_to_in_use(db, pool_id, tenant, now())
@@ -110,7 +108,7 @@ def withdraw_offer(db: Database, pool: dict[str, object], tenant: str) -> bool:
         "pool.unoffered",
         pool_id=pool_id,
         data={"toTenantId": tenant},
-        audience=[str(pool["owner_tenant_id"]), tenant],
+        audience=[str(pool.owner_tenant_id), tenant],
     )
     return True
 
@@ -120,7 +118,7 @@ async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) ->
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
         )
-        if req.to_tenant_id == pool["owner_tenant_id"]:
+        if req.to_tenant_id == pool.owner_tenant_id:
             raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
         return Unoffered(removed=withdraw_offer(db, pool, req.to_tenant_id))
 
@@ -134,23 +132,23 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage", req.version
         )
-        if pool["archived_at"] is not None:
+        if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
         target = req.for_tenant_id
-        offered = {o["to_tenant_id"] for o in pool_sql.offers_of(db, pool["id"])}
-        if target != pool["owner_tenant_id"] and target not in offered:
+        offered = {o["to_tenant_id"] for o in pool_sql.offers_of(db, pool.id)}
+        if target != pool.owner_tenant_id and target not in offered:
             raise InvalidState("the pool is not offered to that tenant", field="forTenantId")
         at = now()
-        changed = grant(db, pool["id"], target, dict(req.quota), at)
+        changed = grant(db, pool.id, target, dict(req.quota), at)
         if changed:
             events.append(
                 db,
                 "quota.updated",
-                pool_id=pool["id"],
+                pool_id=pool.id,
                 data={"forTenantId": target, "quota": changed},
-                audience=[pool["owner_tenant_id"], target],
+                audience=[pool.owner_tenant_id, target],
             )
-        rows = pool_sql.quota_rows(db, target, [pool["id"]])
+        rows = pool_sql.quota_rows(db, target, [pool.id])
         return QuotaList(items=[quota_row(r) for r in rows])
 
     return await store.write(txn)
@@ -162,7 +160,7 @@ def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaLis
         db,
         principal,
         req.tenant_id,
-        {pool["id"] for pool in pool_sql.visible_pools(db, req.tenant_id)},
+        {pool.id for pool in pool_sql.visible_pools(db, req.tenant_id)},
         "compute:quotas:read",
     )
     if req.pool_id is not UNSET:

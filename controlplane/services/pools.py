@@ -19,9 +19,10 @@ from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
 from controlplane.storage.sql import Database
+from controlplane.storage.types import PoolRow
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound
 from shared.ids import derived_id, new_id
-from shared.policy import POOL_POLICY_VALIDATORS, validate_policy
+from shared.policy import POOL_POLICY_VALIDATORS, Policy, validate_policy
 from shared.schemas import (
     CapacityList,
     CapacityRow,
@@ -44,6 +45,7 @@ IDEMPOTENT_FIELDS = {
     "agent": "agent",
     "provider_account_id": "providerAccountId",
 }
+ATTRIBUTES = {"class": "pool_class"}  # a column whose PoolRow attribute is named otherwise
 
 
 def check_policy(
@@ -54,9 +56,10 @@ def check_policy(
     gpu_model: str | None,
     site_kind: str,
     attestors: frozenset[str],
-) -> None:
-    """Every module's pool-policy validator (P6); INVALID_INPUT reading ``policy: ...``."""
-    validate_policy(
+) -> Policy:
+    """Every module's pool-policy validator (P6); INVALID_INPUT reading ``policy: ...``;
+    returns the typed policy."""
+    return validate_policy(
         policy,
         POOL_POLICY_VALIDATORS,
         pool_class=pool_class,
@@ -108,7 +111,7 @@ async def create_pool(
             stored = pool_sql.pool_for_tenant(db, req.tenant_id, pool_id)
             if stored is not None:
                 for column, name in IDEMPOTENT_FIELDS.items():
-                    if stored[column] != fields[column]:
+                    if getattr(stored, ATTRIBUTES.get(column, column)) != fields[column]:
                         raise Conflict(
                             "idempotencyKey was used with different parameters",
                             field="idempotencyKey",
@@ -172,10 +175,10 @@ def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
         for pool in pool_sql.visible_pools(db, req.tenant_id)
         if decide(principal, "compute:pools:read", "compute-pool", authz_attrs(pool))
     ]
-    quotas: dict[str, list[dict[str, Any]]] = {pool["id"]: [] for pool in pools}
+    quotas: dict[str, list[dict[str, Any]]] = {pool.id: [] for pool in pools}
     for row in pool_sql.quota_rows(db, req.tenant_id, quotas):
         quotas[row["pool_id"]].append(row)
-    return PoolList(items=[pool_view(db, p, req.tenant_id, quotas[p["id"]]) for p in pools])
+    return PoolList(items=[pool_view(db, p, req.tenant_id, quotas[p.id]) for p in pools])
 
 
 def pool_capacity(db: Database, principal: Principal, req: PoolsCapacity) -> CapacityList:
@@ -183,17 +186,15 @@ def pool_capacity(db: Database, principal: Principal, req: PoolsCapacity) -> Cap
     (what the owner sold) only for the owner."""
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
     offered = (
-        pool_sql.offered_maxima(db, pool["id"], pool["owner_tenant_id"])
-        if pool["authz_owned"]
-        else None
+        pool_sql.offered_maxima(db, pool.id, pool.owner_tenant_id) if pool.authz.owned else None
     )
-    ledger = {row["resource"]: row for row in pool_sql.capacity_ledger(db, pool["id"])}
+    ledger = {row["resource"]: row for row in pool_sql.capacity_ledger(db, pool.id)}
     # What was sold with no capacity behind it at all is the gap the ledger is there to show.
     empty = {"total": 0, "schedulable": 0, "allocated": 0, "available": 0}
     return CapacityList(
         items=[
             CapacityRow(
-                pool_id=pool["id"],
+                pool_id=pool.id,
                 resource=resource,
                 total=row["total"],
                 schedulable=row["schedulable"],
@@ -207,10 +208,10 @@ def pool_capacity(db: Database, principal: Principal, req: PoolsCapacity) -> Cap
     )
 
 
-def _refresh_authz(db: Database, pool: dict[str, Any], region: str) -> list[str]:
+def _refresh_authz(db: Database, pool: PoolRow, region: str) -> list[str]:
     """Rewrite the authz rows of the owner and every offered tenant; returns those tenants."""
-    tenants = [pool["owner_tenant_id"]] + [
-        offer["to_tenant_id"] for offer in pool_sql.offers_of(db, pool["id"])
+    tenants = [pool.owner_tenant_id] + [
+        offer["to_tenant_id"] for offer in pool_sql.offers_of(db, pool.id)
     ]
     for tenant in tenants:
         pool_sql.put_authz(db, tenant, pool, region)
@@ -227,31 +228,30 @@ async def update_pool(
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
         )
-        if pool["archived_at"] is not None:
+        if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
-        old_policy = msgspec.json.decode(pool["policy"])
-        policy = old_policy if req.policy is UNSET else req.policy
-        gpu_model = pool["gpu_model"] if req.gpu_model is UNSET else req.gpu_model
-        site = site_sql.get_site(db, pool["site_id"])
+        policy = pool.policy if req.policy is UNSET else req.policy
+        gpu_model = pool.gpu_model if req.gpu_model is UNSET else req.gpu_model
+        site = site_sql.get_site(db, pool.site_id)
         assert site is not None
-        check_policy(
+        model = check_policy(
             policy,
-            pool_class=pool["class"],
-            sharing=pool["sharing"],
+            pool_class=pool.pool_class,
+            sharing=pool.sharing,
             gpu_model=gpu_model,
             site_kind=site["kind"],
             attestors=attestors,
         )
-        if policy.get("singleTenant") is True and old_policy.get("singleTenant") is not True:
-            offers = pool_sql.offers_of(db, pool["id"])
+        if model.singleTenant is True and not pool.single_tenant:
+            offers = pool_sql.offers_of(db, pool.id)
             if len(offers) > 1 or any(o["include_descendants"] for o in offers):
                 raise InvalidState(
                     "singleTenant needs at most one offered tenant and no includeDescendants",
                     field="policy.singleTenant",
                 )
         at = now()
-        pool_sql.update_pool(db, pool["id"], gpu_model, msgspec.json.encode(policy).decode(), at)
-        updated = pool_sql.get_pool(db, pool["id"])
+        pool_sql.update_pool(db, pool.id, gpu_model, msgspec.json.encode(policy).decode(), at)
+        updated = pool_sql.get_pool(db, pool.id)
         assert updated is not None
         audience = _refresh_authz(db, updated, site["region"])
         changed = [
@@ -262,8 +262,8 @@ async def update_pool(
         events.append(
             db,
             "pool.updated",
-            pool_id=pool["id"],
-            data={"version": updated["version"], "changed": changed, "gpuModel": gpu_model},
+            pool_id=pool.id,
+            data={"version": updated.version, "changed": changed, "gpuModel": gpu_model},
             audience=audience,
         )
         return pool_view(db, updated, req.tenant_id)
@@ -271,33 +271,33 @@ async def update_pool(
     return await store.write(txn)
 
 
-def archive_in_txn(db: Database, pool: dict[str, Any], *, reason: str | None = None) -> list[str]:
+def archive_in_txn(db: Database, pool: PoolRow, *, reason: str | None = None) -> list[str]:
     """A1: remove every offer, drop offered quotas, remove their authz rows, emit pool.archived.
 
     A tenant deletion (T1) zeroes the offered quotas instead of dropping them to what is in use.
     """
     at = now()
     unoffered = []
-    for offer in pool_sql.offers_of(db, pool["id"]):
+    for offer in pool_sql.offers_of(db, pool.id):
         tenant = offer["to_tenant_id"]
-        pool_sql.delete_offer(db, pool["id"], tenant)
+        pool_sql.delete_offer(db, pool.id, tenant)
         if reason is None:
-            drop_to_in_use(db, pool["id"], tenant, at)
+            drop_to_in_use(db, pool.id, tenant, at)
         else:
-            pool_sql.zero_quotas(db, pool["id"], tenant, at)
-        pool_sql.delete_authz(db, tenant, pool["id"])
+            pool_sql.zero_quotas(db, pool.id, tenant, at)
+        pool_sql.delete_authz(db, tenant, pool.id)
         unoffered.append(tenant)
-    pool_sql.archive_pool(db, pool["id"], at)
-    res_sql.mark_pool_gone(db, pool["id"])
+    pool_sql.archive_pool(db, pool.id, at)
+    res_sql.mark_pool_gone(db, pool.id)
     data: dict[str, Any] = {"unofferedTenants": unoffered}
     if reason is not None:
         data["reason"] = reason
     events.append(
         db,
         "pool.archived",
-        pool_id=pool["id"],
+        pool_id=pool.id,
         data=data,
-        audience=[pool["owner_tenant_id"], *unoffered],
+        audience=[pool.owner_tenant_id, *unoffered],
     )
     return unoffered
 
@@ -307,10 +307,10 @@ async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) ->
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
         )
-        if pool["archived_at"] is not None:  # A2: archiving again returns it unchanged
+        if pool.archived_at is not None:  # A2: archiving again returns it unchanged
             return pool_view(db, pool, req.tenant_id)
         archive_in_txn(db, pool)
-        archived = pool_sql.get_pool(db, pool["id"])
+        archived = pool_sql.get_pool(db, pool.id)
         assert archived is not None
         return pool_view(db, archived, req.tenant_id)
 

@@ -63,14 +63,14 @@ async def report_node(
                 if current["inventory"]
                 else None
             )
-            health_events(db, current, pool["owner_tenant_id"], before, inventory)
+            health_events(db, current, pool.owner_tenant_id, before, inventory)
         if current["state"] == LOST:
             # Back: ready if it ever applied a spec cleanly (H1), else still configuring; the
             # reconcile below re-decides (acceptance, family, render, what it applied).
             back = READY if current["applied_version"] is not None else CONFIGURING
             reason = None if back == READY else "waiting for the agent to apply its NodeSpec"
             fields.update(state=back, state_reason=reason)
-            state_event(db, current, pool["owner_tenant_id"], back, reason)
+            state_event(db, current, pool.owner_tenant_id, back, reason)
             res_sql.clear_node_lost(db, current["id"])  # its bookings carry on
         node_sql.update_node(db, current["id"], fields)
         liveness.seen(current["id"])
@@ -95,13 +95,13 @@ def node_spec(db: Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
     )
     return NodeSpec(
         node_id=node["id"],
-        pool_id=pool["id"],
+        pool_id=pool.id,
         version=stored["spec_version"] or "",
-        pool_version=pool["version"],
-        pool_class=pool["class"],
-        sharing=pool["sharing"],
-        gpu_model=pool["gpu_model"],
-        policy=msgspec.json.decode(pool["policy"]),
+        pool_version=pool.version,
+        pool_class=pool.pool_class,
+        sharing=pool.sharing,
+        gpu_model=pool.gpu_model,
+        policy=pool.policy,
         units=units.units,
         reboot=units.reboot,
         booked_gpus=units.booked_gpus,

@@ -10,7 +10,6 @@ and fail with PoolGone once the pool is archived or no longer offered (O6, A1).
 
 import re
 import time
-from typing import Any
 
 import msgspec
 from msgspec import UNSET
@@ -24,6 +23,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
 from controlplane.storage.sql import Database
+from controlplane.storage.types import PoolRow, ReservationRow
 from shared.errors import Conflict, InvalidInput, NotFound
 from shared.ids import derived_id, new_id
 from shared.mig import profiles_for
@@ -40,42 +40,42 @@ _DURATION = re.compile(r"^(\d+)([smhd])$")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def view(row: dict[str, Any]) -> ReservationView:
+def view(row: ReservationRow) -> ReservationView:
     return ReservationView(
-        id=row["id"],
-        tenant_id=row["tenant_id"],
-        pool_id=row["pool_id"],
-        resources=msgspec.json.decode(row["resources"]),
-        mig_profile=row["mig_profile"],
-        state=row["state"],
-        reason=row["reason"],
-        node_id=row["node_id"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-        placed_at=row["placed_at"],
-        ended_at=row["ended_at"],
-        expires_at=row["expires_at"],
+        id=row.id,
+        tenant_id=row.tenant_id,
+        pool_id=row.pool_id,
+        resources=row.resources,
+        mig_profile=row.mig_profile,
+        state=row.state,
+        reason=row.reason,
+        node_id=row.node_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        placed_at=row.placed_at,
+        ended_at=row.ended_at,
+        expires_at=row.expires_at,
     )
 
 
-def check_request(pool: dict[str, Any], resources: dict[str, int], mig_profile: str | None) -> None:
+def check_request(pool: PoolRow, resources: dict[str, int], mig_profile: str | None) -> None:
     """S1: the atoms the pool's sharing mode offers; diskGiB only in vps-host pools."""
     if not resources:
         raise InvalidInput("ask for at least one resource", field="resources")
-    atom = ATOMS[pool["sharing"]]
+    atom = ATOMS[pool.sharing]
     for name in ("gpu", "gpu.mig", "gpu.slot"):
         if name in resources and name != atom:
             raise InvalidInput(
-                f"a {pool['sharing']} pool offers {atom}, not {name}", field=f"resources.{name}"
+                f"a {pool.sharing} pool offers {atom}, not {name}", field=f"resources.{name}"
             )
-    if "diskGiB" in resources and pool["class"] != "vps-host":
+    if "diskGiB" in resources and pool.pool_class != "vps-host":
         raise InvalidInput("diskGiB is a resource of vps-host pools", field="resources.diskGiB")
     if atom == "gpu.mig" and "gpu.mig" in resources:
         if mig_profile is None:
             raise InvalidInput("gpu.mig needs a migProfile", field="migProfile")
-        if pool["gpu_model"] and mig_profile not in profiles_for(pool["gpu_model"]):
+        if pool.gpu_model and mig_profile not in profiles_for(pool.gpu_model):
             raise InvalidInput(
-                f"profile {mig_profile} does not exist on {pool['gpu_model']}", field="migProfile"
+                f"profile {mig_profile} does not exist on {pool.gpu_model}", field="migProfile"
             )
     elif mig_profile is not None:
         raise InvalidInput("migProfile goes with gpu.mig", field="migProfile")
@@ -90,8 +90,8 @@ def check_request(pool: dict[str, Any], resources: dict[str, int], mig_profile: 
 # --- the API --------------------------------------------------------------------
 
 
-def _max_pending(policy: dict[str, Any]) -> float | None:
-    match = _DURATION.match(str(policy.get("maxPending", "")))
+def _max_pending(max_pending: str | None) -> float | None:
+    match = _DURATION.match(max_pending or "")
     return int(match[1]) * _SECONDS[match[2]] if match else None
 
 
@@ -112,38 +112,37 @@ async def create_reservation(
             )
             stored = res_sql.get(db, reservation_id)
             if stored is not None:
-                same = (
-                    stored["pool_id"] == req.pool_id
-                    and msgspec.json.decode(stored["resources"]) == resources
-                )
-                if not same or stored["mig_profile"] != mig_profile:
+                same = stored.pool_id == req.pool_id and stored.resources == resources
+                if not same or stored.mig_profile != mig_profile:
                     raise Conflict(
                         "idempotencyKey was used with different parameters", field="idempotencyKey"
                     )
                 return view(stored)
         pool = pool_sql.pool_for_tenant(db, req.tenant_id, req.pool_id)
         # A1: an archived pool takes no new work; for everyone it is NOT_FOUND here.
-        if pool is None or pool["archived_at"] is not None:
+        if pool is None or pool.archived_at is not None:
             raise pool_not_found()
         check_request(pool, resources, mig_profile)
-        policy = msgspec.json.decode(pool["policy"])
         at = now()
-        wait = _max_pending(policy)
-        row: dict[str, Any] = {
-            "id": reservation_id,
-            "tenant_id": req.tenant_id,
-            "pool_id": pool["id"],
-            "resources": msgspec.json.encode(resources).decode(),
-            "mig_profile": mig_profile,
-            "state": "pending",
-            "reason": None,
-            "expires_at": timestamp(time.time() + wait) if wait else None,
-            "created_at": at,
-            "updated_at": at,
-        }
+        wait = _max_pending(pool.max_pending)
+        row = ReservationRow(
+            id=reservation_id,
+            tenant_id=req.tenant_id,
+            pool_id=pool.id,
+            resources_json=msgspec.json.encode(resources).decode(),
+            mig_profile=mig_profile,
+            state="pending",
+            reason=None,
+            node_id=None,
+            expires_at=timestamp(time.time() + wait) if wait else None,
+            created_at=at,
+            updated_at=at,
+            placed_at=None,
+            ended_at=None,
+        )
         refusal = None
         for resource, amount in resources.items():
-            quota = res_sql.quota(db, pool["id"], req.tenant_id, resource)
+            quota = res_sql.quota(db, pool.id, req.tenant_id, resource)
             maximum, used = (quota["max"], quota["used"]) if quota else (0, 0)  # no row grants 0
             if used + amount > maximum:
                 refusal = (
@@ -151,28 +150,24 @@ async def create_reservation(
                     f"{resource}: {used} in use + {amount} asked > {maximum}",
                 )
                 break
-        meter = meter_of(pool["gpu_model"])
-        if (
-            refusal is None
-            and meter
-            and (policy.get("admission") or {}).get("budgetCheck") == "meter"
-        ):
+        meter = meter_of(pool.gpu_model)
+        if refusal is None and meter and pool.budget_check == "meter":
             budget = res_sql.budget(db, req.tenant_id, meter)
             limit = None if budget is None else budget["limit_hours"]
             if limit is not None and spent_hours(db, req.tenant_id, meter, time.time()) >= limit:
                 refusal = ("BudgetExhausted", f"{meter} budget of {limit} h is spent")
         if refusal is not None:
-            row.update(state="failed", reason=refusal[0], ended_at=at)
+            row = msgspec.structs.replace(row, state="failed", reason=refusal[0], ended_at=at)
             res_sql.insert(db, row)
             row = res_sql.get(db, reservation_id) or row
             reservation_event(
-                db, "failed", row, pool["owner_tenant_id"], reason=refusal[0], message=refusal[1]
+                db, "failed", row, pool.owner_tenant_id, reason=refusal[0], message=refusal[1]
             )
             return view(row)
         res_sql.insert(db, row)
         for resource, amount in resources.items():
-            res_sql.add_used(db, pool["id"], req.tenant_id, resource, amount, at)
-        reservation_event(db, "created", row, pool["owner_tenant_id"])
+            res_sql.add_used(db, pool.id, req.tenant_id, resource, amount, at)
+        reservation_event(db, "created", row, pool.owner_tenant_id)
         place(db, row, pool)
         stored = res_sql.get(db, reservation_id)
         assert stored is not None
@@ -181,10 +176,10 @@ async def create_reservation(
     return await store.write(txn)
 
 
-def _own_reservation(db: Database, tenant_id: str, reservation_id: str) -> dict[str, Any]:
+def _own_reservation(db: Database, tenant_id: str, reservation_id: str) -> ReservationRow:
     """The reservation the method's decision (R1) found; NOT_FOUND for anyone else's."""
     row = res_sql.get(db, reservation_id)
-    if row is None or row["tenant_id"] != tenant_id:
+    if row is None or row.tenant_id != tenant_id:
         raise NotFound("reservation not found", field="reservationId")
     return row
 
@@ -202,9 +197,9 @@ def list_reservations(db: Database, principal: Principal, req: ReservationsList)
     )
     # R1: only reservations in pools the credential may read them in.
     allowed = readable_pools(
-        db, principal, req.tenant_id, {row["pool_id"] for row in found}, "compute:reservations:read"
+        db, principal, req.tenant_id, {row.pool_id for row in found}, "compute:reservations:read"
     )
-    return ReservationList(items=[view(row) for row in found if row["pool_id"] in allowed])
+    return ReservationList(items=[view(row) for row in found if row.pool_id in allowed])
 
 
 async def end_reservation(
@@ -214,7 +209,7 @@ async def end_reservation(
 
     def txn(db: Database) -> ReservationView:
         row = _own_reservation(db, req.tenant_id, req.reservation_id)
-        if row["state"] not in res_sql.LIVE:
+        if row.state not in res_sql.LIVE:
             return view(row)
         return view(finish(db, row, "ended", None, "ended by the tenant"))
 

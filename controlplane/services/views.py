@@ -3,10 +3,9 @@
 from collections.abc import Iterable
 from typing import Any
 
-import msgspec
-
 from controlplane.storage import pools as pool_sql
 from controlplane.storage.sql import Database
+from controlplane.storage.types import PoolRow
 from shared.schemas import OfferView, PoolView, QuotaRow
 
 
@@ -54,32 +53,32 @@ def policy_for(policy: dict[str, Any], owned: bool) -> dict[str, Any]:
 
 def pool_view(
     db: Database,
-    pool: dict[str, Any],
+    pool: PoolRow,
     tenant_id: str,
     quotas: Iterable[dict[str, Any]] | None = None,
 ) -> PoolView:
     """The pool as ``tenant_id`` sees it (seed 000); the owner also sees its offers."""
-    owned = pool["owner_tenant_id"] == tenant_id
+    owned = pool.owner_tenant_id == tenant_id
     if quotas is None:
-        quotas = pool_sql.quota_rows(db, tenant_id, [pool["id"]])
+        quotas = pool_sql.quota_rows(db, tenant_id, [pool.id])
     view = PoolView(
-        id=pool["id"],
-        owner_tenant_id=pool["owner_tenant_id"],
-        site_id=pool["site_id"],
-        pool_class=pool["class"],
-        gpu_model=pool["gpu_model"],
-        sharing=pool["sharing"],
-        agent=pool["agent"],
-        policy=policy_for(msgspec.json.decode(pool["policy"]), owned),
-        version=pool["version"],
+        id=pool.id,
+        owner_tenant_id=pool.owner_tenant_id,
+        site_id=pool.site_id,
+        pool_class=pool.pool_class,
+        gpu_model=pool.gpu_model,
+        sharing=pool.sharing,
+        agent=pool.agent,
+        policy=policy_for(pool.policy, owned),
+        version=pool.version,
         owned=owned,
-        archived=pool["archived_at"] is not None,
+        archived=pool.archived_at is not None,
         quotas=[quota_row(q) for q in quotas],
-        created_at=pool["created_at"],
-        updated_at=pool["updated_at"],
+        created_at=pool.created_at,
+        updated_at=pool.updated_at,
     )
     if owned:
-        view.offers = offers_view(db, pool["id"])
-        if pool["provider_account_id"] is not None:
-            view.provider_account_id = pool["provider_account_id"]
+        view.offers = offers_view(db, pool.id)
+        if pool.provider_account_id is not None:
+            view.provider_account_id = pool.provider_account_id
     return view

@@ -6,10 +6,19 @@ from typing import Any
 from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
 from controlplane.storage.sql import Database
+from controlplane.storage.types import (
+    PoolAuthz,
+    PoolRow,
+    VisiblePool,
+    authz_of,
+    pool_row,
+    visible_pool_row,
+)
 
 
-def get_pool(db: Database, pool_id: str) -> dict[str, Any] | None:
-    return one(db, "SELECT * FROM pools WHERE id = ?", [pool_id])
+def get_pool(db: Database, pool_id: str) -> PoolRow | None:
+    found = one(db, "SELECT * FROM pools WHERE id = ?", [pool_id])
+    return None if found is None else pool_row(found)
 
 
 def insert_pool(db: Database, row: Mapping[str, Any]) -> None:
@@ -34,8 +43,9 @@ def archive_pool(db: Database, pool_id: str, at: str) -> None:
     db.execute("UPDATE pools SET archived_at = ?, updated_at = ? WHERE id = ?", [at, at, pool_id])
 
 
-def pools_owned_by(db: Database, tenant_id: str) -> list[dict[str, Any]]:
-    return rows(db, "SELECT * FROM pools WHERE owner_tenant_id = ? ORDER BY id", [tenant_id])
+def pools_owned_by(db: Database, tenant_id: str) -> list[PoolRow]:
+    found = rows(db, "SELECT * FROM pools WHERE owner_tenant_id = ? ORDER BY id", [tenant_id])
+    return [pool_row(row) for row in found]
 
 
 # --- authz projection ------------------------------------------------------
@@ -49,9 +59,10 @@ _WITH_AUTHZ = (
 )
 
 
-def pool_for_tenant(db: Database, tenant_id: str, pool_id: str) -> dict[str, Any] | None:
+def pool_for_tenant(db: Database, tenant_id: str, pool_id: str) -> VisiblePool | None:
     """The pool with the tenant's authz row, or None when the tenant has no row for it."""
-    return one(db, _WITH_AUTHZ + " AND a.pool_id = ?", [tenant_id, pool_id])
+    found = one(db, _WITH_AUTHZ + " AND a.pool_id = ?", [tenant_id, pool_id])
+    return None if found is None else visible_pool_row(found)
 
 
 def authz_row_exists(db: Database, tenant_id: str, pool_id: str) -> bool:
@@ -61,19 +72,18 @@ def authz_row_exists(db: Database, tenant_id: str, pool_id: str) -> bool:
     return found is not None
 
 
-def visible_pools(db: Database, tenant_id: str) -> list[dict[str, Any]]:
+def visible_pools(db: Database, tenant_id: str) -> list[VisiblePool]:
     """Pools with an authz row for the tenant (owned, or offered and not archived)."""
-    return rows(db, _WITH_AUTHZ + " ORDER BY p.id", [tenant_id])
+    return [visible_pool_row(row) for row in rows(db, _WITH_AUTHZ + " ORDER BY p.id", [tenant_id])]
 
 
-def attrs_for(db: Database, tenant_id: str, pool_ids: Iterable[str]) -> list[dict[str, Any]]:
-    """Pools' authz columns as they are now for ``tenant_id`` (the names an authz row reads
-    under), whether or not the tenant still has an authz row: its reservations and events
-    outlive an offer."""
+def attrs_for(db: Database, tenant_id: str, pool_ids: Iterable[str]) -> dict[str, PoolAuthz]:
+    """Pools' authz attributes as they are now for ``tenant_id``, by pool id, whether or not
+    the tenant still has an authz row: its reservations and events outlive an offer."""
     ids = list(pool_ids)
     if not ids:
-        return []
-    return rows(
+        return {}
+    found = rows(
         db,
         "SELECT p.id, p.gpu_model AS authz_gpu_model, p.class AS authz_class, "
         "p.sharing AS authz_sharing, s.region AS authz_region, "
@@ -81,9 +91,10 @@ def attrs_for(db: Database, tenant_id: str, pool_ids: Iterable[str]) -> list[dic
         f"WHERE p.id IN ({', '.join('?' * len(ids))})",
         [tenant_id, *ids],
     )
+    return {row["id"]: authz_of(row) for row in found}
 
 
-def put_authz(db: Database, tenant_id: str, pool: Mapping[str, Any], region: str) -> None:
+def put_authz(db: Database, tenant_id: str, pool: PoolRow, region: str) -> None:
     db.execute(
         "INSERT INTO pool_authz (tenant_id, pool_id, gpu_model, class, sharing, region, owned) "
         "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (tenant_id, pool_id) DO UPDATE SET "
@@ -91,12 +102,12 @@ def put_authz(db: Database, tenant_id: str, pool: Mapping[str, Any], region: str
         "region = excluded.region, owned = excluded.owned",
         [
             tenant_id,
-            pool["id"],
-            pool["gpu_model"],
-            pool["class"],
-            pool["sharing"],
+            pool.id,
+            pool.gpu_model,
+            pool.pool_class,
+            pool.sharing,
             region,
-            int(tenant_id == pool["owner_tenant_id"]),
+            int(tenant_id == pool.owner_tenant_id),
         ],
     )
 

@@ -6,18 +6,21 @@ from typing import Any
 from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
 from controlplane.storage.sql import Database
+from controlplane.storage.types import ReservationRow, reservation_columns, reservation_row
 
 LIVE = ("pending", "placed", "active")  # what counts against quota; placed and active hold bookings
 
 
-def insert(db: Database, row: dict[str, Any]) -> None:
-    columns = ", ".join(row)
-    values = ", ".join(f":{name}" for name in row)
-    db.execute(f"INSERT INTO reservations ({columns}) VALUES ({values})", row)
+def insert(db: Database, row: ReservationRow) -> None:
+    columns = reservation_columns(row)
+    names = ", ".join(columns)
+    values = ", ".join(f":{name}" for name in columns)
+    db.execute(f"INSERT INTO reservations ({names}) VALUES ({values})", columns)
 
 
-def get(db: Database, reservation_id: str) -> dict[str, Any] | None:
-    return one(db, "SELECT * FROM reservations WHERE id = ?", [reservation_id])
+def get(db: Database, reservation_id: str) -> ReservationRow | None:
+    found = one(db, "SELECT * FROM reservations WHERE id = ?", [reservation_id])
+    return None if found is None else reservation_row(found)
 
 
 def update(db: Database, reservation_id: str, fields: dict[str, Any]) -> None:
@@ -29,7 +32,7 @@ def update(db: Database, reservation_id: str, fields: dict[str, Any]) -> None:
 
 def of_tenant(
     db: Database, tenant_id: str, pool_id: str | None, states: Sequence[str] | None
-) -> list[dict[str, Any]]:
+) -> list[ReservationRow]:
     sql = "SELECT * FROM reservations WHERE tenant_id = ?"
     params: list[Any] = [tenant_id]
     if pool_id is not None:
@@ -38,28 +41,28 @@ def of_tenant(
     if states:
         sql += f" AND state IN ({', '.join('?' * len(states))})"
         params.extend(states)
-    return rows(db, sql + " ORDER BY created_at, id", params)
+    return [reservation_row(row) for row in rows(db, sql + " ORDER BY created_at, id", params)]
 
 
-def live_of_tenant(db: Database, tenant_id: str) -> list[dict[str, Any]]:
-    return rows(
+def live_of_tenant(db: Database, tenant_id: str) -> list[ReservationRow]:
+    found = rows(
         db,
         "SELECT * FROM reservations WHERE tenant_id = ? AND state IN ('pending', 'placed', 'active') "
         "ORDER BY id",
         [tenant_id],
     )
+    return [reservation_row(row) for row in found]
 
 
-def placed(db: Database) -> list[dict[str, Any]]:
-    return rows(
-        db,
-        "SELECT id, node_id, placed_at, tenant_id, pool_id, state FROM reservations WHERE state = 'placed'",
-    )
+def placed(db: Database) -> list[ReservationRow]:
+    found = rows(db, "SELECT * FROM reservations WHERE state = 'placed'")
+    return [reservation_row(row) for row in found]
 
 
-def pending(db: Database) -> list[dict[str, Any]]:
+def pending(db: Database) -> list[ReservationRow]:
     """Pending reservations, oldest first: the placer's queue."""
-    return rows(db, "SELECT * FROM reservations WHERE state = 'pending' ORDER BY created_at, id")
+    found = rows(db, "SELECT * FROM reservations WHERE state = 'pending' ORDER BY created_at, id")
+    return [reservation_row(row) for row in found]
 
 
 def placed_gpu_hours(db: Database, tenant_id: str) -> list[dict[str, Any]]:
@@ -198,14 +201,15 @@ def mark_pool_gone(db: Database, pool_id: str, tenant_id: str | None = None) -> 
     db.execute(sql, params)
 
 
-def live_on_node(db: Database, node_id: str) -> list[dict[str, Any]]:
+def live_on_node(db: Database, node_id: str) -> list[ReservationRow]:
     """Placed and active reservations booked on a node."""
-    return rows(
+    found = rows(
         db,
         "SELECT * FROM reservations WHERE node_id = ? AND state IN ('placed', 'active') "
         "ORDER BY id",
         [node_id],
     )
+    return [reservation_row(row) for row in found]
 
 
 def flag_unhealthy_bookings(db: Database, node_id: str) -> None:

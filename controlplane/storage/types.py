@@ -1,0 +1,203 @@
+"""Typed rows of the tables the services read most: a pool (its policy decoded once, its
+typed model parsed once), a pool with the tenant's authz row, and a reservation.
+
+A stored policy is kept as its raw object (P9: unknown fields stay as given). Its typed
+model is parsed on first use and cached; a policy that no longer parses (a model grown
+stricter since it was stored) still loads, with ``model`` None, so that the reconciler
+can quarantine the pool's nodes (R5). The policy accessors read the model when it
+parses and fall back to the raw object when it does not, as readers did before.
+A reservation's ``resources`` is likewise decoded on first read, so that one bad row
+fails only its own step of the placer's pass (R5).
+"""
+
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, Struct
+
+from shared.errors import InvalidInput
+from shared.policy import Policy, parse_policy
+
+
+class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
+    """A row of ``pools``; ``pool_class`` is the ``class`` column."""
+
+    id: str
+    owner_tenant_id: str
+    site_id: str
+    pool_class: str
+    gpu_model: str | None
+    sharing: str
+    agent: str
+    policy: dict[str, Any]  # the stored object, as given
+    provider_account_id: str | None
+    version: int
+    archived_at: str | None
+    created_at: str
+    updated_at: str
+
+    @cached_property
+    def model(self) -> Policy | None:
+        """The typed policy, parsed once; None when the stored policy no longer parses (R5)."""
+        try:
+            return parse_policy(self.policy)
+        except InvalidInput:
+            return None
+
+    @property
+    def replicas(self) -> int:
+        """Time-slice replicas per GPU (1 when the policy sets none)."""
+        model = self.model
+        if model is None:
+            return int(self.policy.get("replicas", 1))
+        return 1 if model.replicas is UNSET else model.replicas
+
+    @property
+    def max_pending(self) -> str | None:
+        """How long a reservation may wait unplaced (``maxPending``), as written."""
+        model = self.model
+        if model is None:
+            raw = self.policy.get("maxPending")
+            return None if raw is None else str(raw)
+        return None if model.maxPending is UNSET else model.maxPending
+
+    @property
+    def single_tenant(self) -> bool:
+        model = self.model
+        if model is None:
+            return self.policy.get("singleTenant") is True
+        return model.singleTenant is True
+
+    @property
+    def join_attestors(self) -> list[str]:
+        """The attestors a node may join with (``join-token`` when the policy names none)."""
+        model = self.model
+        if model is None:
+            return list(self.policy.get("joinAttestors") or ["join-token"])
+        return ["join-token"] if model.joinAttestors is UNSET else list(model.joinAttestors)
+
+    @property
+    def budget_check(self) -> str | None:
+        """``admission.budgetCheck``: ``meter`` when admission checks the GPU-hour budget."""
+        model = self.model
+        if model is None:
+            check = (self.policy.get("admission") or {}).get("budgetCheck")
+            return None if check is None else str(check)
+        if model.admission is UNSET or model.admission.budgetCheck is UNSET:
+            return None
+        return model.admission.budgetCheck
+
+
+class PoolAuthz(Struct, frozen=True, kw_only=True):
+    """A pool's attributes as a tenant's authz row holds them (what conditions match)."""
+
+    gpu_model: str | None
+    pool_class: str
+    sharing: str
+    region: str
+    owned: bool
+
+    def attrs(self) -> dict[str, Any]:
+        """The attributes statements' conditions match, under their names there."""
+        return {
+            "gpuModel": self.gpu_model,
+            "class": self.pool_class,
+            "sharing": self.sharing,
+            "region": self.region,
+            "owned": self.owned,
+        }
+
+
+class VisiblePool(PoolRow, frozen=True, kw_only=True, dict=True):
+    """A pool with the tenant's authz row for it (``pool_for_tenant``, ``visible_pools``)."""
+
+    authz: PoolAuthz
+
+
+class ReservationRow(Struct, frozen=True, kw_only=True, dict=True):
+    """A row of ``reservations``. ``resources`` is decoded on first read and cached: a row
+    whose stored resources do not decode still loads, and fails only the step that reads it
+    (R5: the placer counts it and goes on with the others)."""
+
+    id: str
+    tenant_id: str
+    pool_id: str
+    resources_json: str  # the ``resources`` column as stored
+    mig_profile: str | None
+    state: str
+    reason: str | None
+    node_id: str | None
+    expires_at: str | None
+    created_at: str
+    updated_at: str
+    placed_at: str | None
+    ended_at: str | None
+
+    @cached_property
+    def resources(self) -> dict[str, int]:
+        """Per resource, the amount asked for."""
+        return msgspec.json.decode(self.resources_json, type=dict[str, int])
+
+
+def pool_row(row: Mapping[str, Any]) -> PoolRow:
+    return PoolRow(**_pool_fields(row))
+
+
+def visible_pool_row(row: Mapping[str, Any]) -> VisiblePool:
+    return VisiblePool(**_pool_fields(row), authz=authz_of(row))
+
+
+def authz_of(row: Mapping[str, Any]) -> PoolAuthz:
+    """The ``authz_*`` columns of a joined row."""
+    return PoolAuthz(
+        gpu_model=row["authz_gpu_model"],
+        pool_class=row["authz_class"],
+        sharing=row["authz_sharing"],
+        region=row["authz_region"],
+        owned=bool(row["authz_owned"]),
+    )
+
+
+def _pool_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "owner_tenant_id": row["owner_tenant_id"],
+        "site_id": row["site_id"],
+        "pool_class": row["class"],
+        "gpu_model": row["gpu_model"],
+        "sharing": row["sharing"],
+        "agent": row["agent"],
+        "policy": msgspec.json.decode(row["policy"]),
+        "provider_account_id": row["provider_account_id"],
+        "version": row["version"],
+        "archived_at": row["archived_at"],
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
+
+
+def reservation_row(row: Mapping[str, Any]) -> ReservationRow:
+    return ReservationRow(
+        id=row["id"],
+        tenant_id=row["tenant_id"],
+        pool_id=row["pool_id"],
+        resources_json=row["resources"],
+        mig_profile=row["mig_profile"],
+        state=row["state"],
+        reason=row["reason"],
+        node_id=row["node_id"],
+        expires_at=row["expires_at"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        placed_at=row["placed_at"],
+        ended_at=row["ended_at"],
+    )
+
+
+def reservation_columns(row: ReservationRow) -> dict[str, Any]:
+    """The row as the columns store it (``resources`` as JSON text)."""
+    columns = msgspec.structs.asdict(row)
+    columns["resources"] = columns.pop("resources_json")
+    return columns

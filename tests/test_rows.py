@@ -1,0 +1,118 @@
+"""Typed rows: a pool's policy decoded and parsed once, a reservation's resources decoded once."""
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from controlplane.storage.types import (
+    pool_row,
+    reservation_columns,
+    reservation_row,
+    visible_pool_row,
+)
+
+
+def _pool_columns(policy: str) -> dict[str, Any]:
+    return {
+        "id": "pool_1",
+        "owner_tenant_id": "t1",
+        "site_id": "site_1",
+        "class": "metal-host",
+        "gpu_model": None,
+        "sharing": "timeslice",
+        "agent": "bcd",
+        "policy": policy,
+        "provider_account_id": None,
+        "version": 3,
+        "archived_at": None,
+        "created_at": "2026-01-01T00:00:00Z",
+        "updated_at": "2026-01-01T00:00:00Z",
+    }
+
+
+def test_a_pool_row_parses_its_policy_once() -> None:
+    pool = pool_row(
+        _pool_columns('{"replicas": 4, "maxPending": "1h", "singleTenant": true, "x": 1}')
+    )
+    assert pool.pool_class == "metal-host" and pool.version == 3
+    assert pool.policy == {"replicas": 4, "maxPending": "1h", "singleTenant": True, "x": 1}
+    assert pool.model is not None and pool.model is pool.model  # parsed once, then cached
+    assert pool.replicas == 4 and pool.max_pending == "1h" and pool.single_tenant
+    assert pool.join_attestors == ["join-token"] and pool.budget_check is None
+    bare = pool_row(_pool_columns("{}"))
+    assert bare.replicas == 1 and bare.max_pending is None and not bare.single_tenant
+
+
+def test_a_pool_whose_policy_no_longer_parses_still_loads() -> None:
+    """R5: the row loads with its raw policy; the typed model is None and readers use the raw."""
+    pool = pool_row(_pool_columns('{"replicas": 99, "admission": {"budgetCheck": "meter"}}'))
+    assert pool.model is None
+    assert pool.policy == {"replicas": 99, "admission": {"budgetCheck": "meter"}}
+    assert pool.replicas == 99 and pool.budget_check == "meter"
+    changed = msgspec.structs.replace(pool, policy={"replicas": 2})
+    assert changed.model is not None and changed.replicas == 2  # no stale cached model
+
+
+def test_a_visible_pool_carries_the_tenants_authz_row() -> None:
+    columns = _pool_columns("{}") | {
+        "authz_gpu_model": "H100",
+        "authz_class": "metal-host",
+        "authz_sharing": "exclusive",
+        "authz_region": "eu",
+        "authz_owned": 1,
+    }
+    pool = visible_pool_row(columns)
+    assert pool.authz.owned is True and pool.gpu_model is None
+    assert pool.authz.attrs() == {
+        "gpuModel": "H100",
+        "class": "metal-host",
+        "sharing": "exclusive",
+        "region": "eu",
+        "owned": True,
+    }
+
+
+def test_a_reservation_row_decodes_its_resources_once() -> None:
+    columns = {
+        "id": "res_1",
+        "tenant_id": "t1",
+        "pool_id": "pool_1",
+        "resources": '{"gpu":2,"vcpu":8}',  # as msgspec writes it
+        "mig_profile": None,
+        "state": "pending",
+        "reason": None,
+        "node_id": None,
+        "expires_at": None,
+        "created_at": "a",
+        "updated_at": "a",
+        "placed_at": None,
+        "ended_at": None,
+    }
+    row = reservation_row(columns)
+    assert row.resources == {"gpu": 2, "vcpu": 8} and row.resources is row.resources
+    assert reservation_columns(row) == columns
+
+
+def test_a_reservation_whose_resources_do_not_decode_still_loads() -> None:
+    """R5: the row loads; only reading its resources fails (in that reservation's own step)."""
+    row = reservation_row(
+        {
+            "id": "res_1",
+            "tenant_id": "t1",
+            "pool_id": "pool_1",
+            "resources": "not json",
+            "mig_profile": None,
+            "state": "pending",
+            "reason": None,
+            "node_id": None,
+            "expires_at": None,
+            "created_at": "a",
+            "updated_at": "a",
+            "placed_at": None,
+            "ended_at": None,
+        }
+    )
+    assert row.state == "pending"
+    with pytest.raises(msgspec.DecodeError):
+        _ = row.resources
