@@ -76,3 +76,26 @@ async def test_events_are_visible_only_to_their_audience(api: Api) -> None:
         "compute/events/list", {"tenantId": "beta", "types": ["pool.offered"]}, beta
     )
     assert [e["poolId"] for e in beta_seen["items"]] == [pool]
+
+
+def test_b1_a_tenants_events_page_walks_its_index_from_any_cursor(tmp_path: Path) -> None:
+    """B1: the statement events/list runs for a tenant's page reads its audience rows' primary
+    key from the cursor and stops at the limit: no sort of the tenant's whole history."""
+    from controlplane.storage import events
+    from controlplane.storage.db import Store
+
+    store = Store(tmp_path / "bc.db")
+    try:
+        ran: list[str] = []
+        conn = store.reader.conn  # type: ignore[attr-defined]
+        conn.set_trace_callback(ran.append)
+        with store.snapshot() as db:
+            events.list_events(db, tenant_id="acme", after=10, limit=100, types=None)
+        conn.set_trace_callback(None)
+        [statement] = [sql for sql in ran if "FROM event_audience" in sql]
+        plan = conn.execute(f"EXPLAIN QUERY PLAN {statement}").fetchall()
+        details = " | ".join(str(row[-1]) for row in plan)
+        assert "USING PRIMARY KEY (tenant_id=? AND seq>?)" in details, details
+        assert "TEMP B-TREE" not in details, details
+    finally:
+        store.close()

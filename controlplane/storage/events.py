@@ -45,19 +45,24 @@ def list_events(
     limit: int,
     types: Sequence[str] | None,
 ) -> list[dict[str, Any]]:
-    """Events after ``after`` in seq order; ``tenant_id=None`` is the fleet's view (all of them)."""
-    where = ["e.seq > ?"]
-    params: list[Any] = [after]
-    join = ""
-    if tenant_id is not None:
-        join = "JOIN event_audience a ON a.seq = e.seq AND a.tenant_id = ?"
-        params.insert(0, tenant_id)
+    """Events after ``after`` in seq order; ``tenant_id=None`` is the fleet's view (all of them).
+
+    A tenant's page walks its audience rows' primary key (tenant_id, seq) from the cursor and
+    stops after ``limit``: O(page) from any cursor, never a sort of the tenant's history.
+    """
+    params: list[Any]
+    if tenant_id is None:
+        source, seq, params = "events e", "e.seq", [after]
+    else:
+        source = "event_audience a JOIN events e ON e.seq = a.seq"
+        seq, params = "a.seq", [tenant_id, after]
+    where = [f"{seq} > ?"] if tenant_id is None else ["a.tenant_id = ?", f"{seq} > ?"]
     if types:
         where.append(f"e.type IN ({', '.join('?' * len(types))})")
         params.extend(types)
     params.append(limit)
     sql = (
-        f"SELECT e.seq, e.id, e.type, e.at, e.pool_id, e.data FROM events e {join} "
-        f"WHERE {' AND '.join(where)} ORDER BY e.seq LIMIT ?"
+        f"SELECT e.seq, e.id, e.type, e.at, e.pool_id, e.data FROM {source} "
+        f"WHERE {' AND '.join(where)} ORDER BY {seq} LIMIT ?"
     )
     return rows(db, sql, params)
