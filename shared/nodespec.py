@@ -44,6 +44,10 @@ class Unit(Struct, rename="camel", kw_only=True, omit_defaults=True, frozen=True
     # on they leave placement until the node reports the unit applied; the agent applies it
     # only while none of them is booked.
     gpus: list[str] = []
+    # needs drain: ``gpus`` are those the host's inventory shows not yet as the unit makes
+    # them (a MIG layout). They stay held until an inventory shows them done, whatever the
+    # agent reported; otherwise they return once the unit is reported applied.
+    gpus_from_inventory: bool = False
 
 
 class NodeSpecUnits(Struct, rename="camel", kw_only=True, frozen=True):

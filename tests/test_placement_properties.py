@@ -80,37 +80,31 @@ async def report(store: Store, host: Host, applied: bool) -> None:
         host.node = reports.authenticate_node(db, host.token) or host.node
 
 
+async def root_pool(store: Store, site_id: str, **fields: Any) -> s.PoolView:
+    """A metal-host pool of root's on the site."""
+    body = s.PoolsCreate(tenant_id="root", site_id=site_id, pool_class="metal-host", **fields)
+    return await pools.create_pool(store, ROOT, body, ATTESTORS)
+
+
 async def world(store: Store, tmp: Path) -> World:
     iam.bootstrap(store, tmp / "root.token")
     site = await sites.create_site(
         store, ROOT, s.SitesCreate(tenant_id="root", name="f", region="r", kind="shared")
     )
-    pool = await pools.create_pool(
+    pool = await root_pool(
         store,
-        ROOT,
-        s.PoolsCreate(
-            tenant_id="root",
-            site_id=site.id,
-            pool_class="metal-host",
-            gpu_model="H100",
-            policy=DGX_POLICY,
-            owner_quota={"gpu": 1000, "vcpu": 100_000},
-        ),
-        ATTESTORS,
+        site.id,
+        gpu_model="H100",
+        policy=DGX_POLICY,
+        owner_quota={"gpu": 1000, "vcpu": 100_000},
     )
-    shared = await pools.create_pool(
+    shared = await root_pool(
         store,
-        ROOT,
-        s.PoolsCreate(
-            tenant_id="root",
-            site_id=site.id,
-            pool_class="metal-host",
-            gpu_model="L40S",
-            sharing="timeslice",
-            policy={"replicas": 4},
-            owner_quota={"gpu.slot": 1000},
-        ),
-        ATTESTORS,
+        site.id,
+        gpu_model="L40S",
+        sharing="timeslice",
+        policy={"replicas": 4},
+        owner_quota={"gpu.slot": 1000},
     )
     token = await joining.create_join_token(
         store, ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=pool.id, max_uses=5)

@@ -32,6 +32,7 @@ def _pool_columns(policy: str) -> dict[str, Any]:
 
 
 def test_a_pool_row_parses_its_policy_once() -> None:
+    """A pool's policy is decoded once and its typed model parsed once, then cached."""
     pool = pool_row(
         _pool_columns('{"replicas": 4, "maxPending": "1h", "singleTenant": true, "x": 1}')
     )
@@ -55,6 +56,7 @@ def test_a_pool_whose_policy_no_longer_parses_still_loads() -> None:
 
 
 def test_a_visible_pool_carries_the_tenants_authz_row() -> None:
+    """L1, R1: a visible pool carries the tenant's authz attributes as statements match them."""
     columns = _pool_columns("{}") | {
         "authz_gpu_model": "H100",
         "authz_class": "metal-host",
@@ -73,12 +75,13 @@ def test_a_visible_pool_carries_the_tenants_authz_row() -> None:
     }
 
 
-def test_a_reservation_row_decodes_its_resources_once() -> None:
-    columns = {
+def stored_reservation(resources: str) -> dict[str, Any]:
+    """A reservations row as storage reads it, with its resources column as given."""
+    return {
         "id": "res_1",
         "tenant_id": "t1",
         "pool_id": "pool_1",
-        "resources": '{"gpu":2,"vcpu":8}',  # as msgspec writes it
+        "resources": resources,
         "mig_profile": None,
         "state": "pending",
         "reason": None,
@@ -89,6 +92,11 @@ def test_a_reservation_row_decodes_its_resources_once() -> None:
         "placed_at": None,
         "ended_at": None,
     }
+
+
+def test_a_reservation_row_decodes_its_resources_once() -> None:
+    """A reservation's resources are decoded once, and the row turns back into its columns."""
+    columns = stored_reservation('{"gpu":2,"vcpu":8}')  # as msgspec writes it
     row = reservation_row(columns)
     assert row.resources == {"gpu": 2, "vcpu": 8} and row.resources is row.resources
     assert reservation_columns(row) == columns
@@ -96,23 +104,7 @@ def test_a_reservation_row_decodes_its_resources_once() -> None:
 
 def test_a_reservation_whose_resources_do_not_decode_still_loads() -> None:
     """R5: the row loads; only reading its resources fails (in that reservation's own step)."""
-    row = reservation_row(
-        {
-            "id": "res_1",
-            "tenant_id": "t1",
-            "pool_id": "pool_1",
-            "resources": "not json",
-            "mig_profile": None,
-            "state": "pending",
-            "reason": None,
-            "node_id": None,
-            "expires_at": None,
-            "created_at": "a",
-            "updated_at": "a",
-            "placed_at": None,
-            "ended_at": None,
-        }
-    )
+    row = reservation_row(stored_reservation("not json"))
     assert row.state == "pending"
     with pytest.raises(msgspec.DecodeError):
         _ = row.resources

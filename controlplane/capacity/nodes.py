@@ -186,20 +186,17 @@ def record_applied(db: Database, node: dict[str, Any]) -> dict[str, str]:
     return done
 
 
-# The MIG unit lists exactly the idle GPUs whose instances are not yet the layout (render's
-# contract): they stay held until an inventory shows the new instances, whatever was reported.
-MIG_APPLY = "mig/apply"
-
-
 def gated_gpus(units: NodeSpecUnits, done: dict[str, str]) -> frozenset[str]:
     """H4: the GPUs of the spec's drain-gated units that differ from what the agent last
     reported applied under the same unit id: they leave placement from the render until it
     does. Kept per unit, not per spec version, since every booking moves the version and a
-    sharing unit lists every GPU of the host."""
+    sharing unit lists every GPU of the host. A unit whose GPUs come from the inventory (a
+    MIG layout: the GPUs not yet in it) holds them until an inventory shows them done."""
     return frozenset(
         gpu
         for unit in units.units
-        if unit.needs == "drain" and (unit.id == MIG_APPLY or done.get(unit.id) != unit_key(unit))
+        if unit.needs == "drain"
+        and (unit.gpus_from_inventory or done.get(unit.id) != unit_key(unit))
         for gpu in unit.gpus
     )
 

@@ -33,36 +33,38 @@ def update(db: Database, reservation_id: str, fields: dict[str, Any]) -> None:
 def of_tenant(
     db: Database, tenant_id: str, pool_id: str | None, states: Sequence[str] | None
 ) -> list[ReservationRow]:
-    sql = "SELECT * FROM reservations WHERE tenant_id = ?"
+    where = "WHERE tenant_id = ?"
     params: list[Any] = [tenant_id]
     if pool_id is not None:
-        sql += " AND pool_id = ?"
+        where += " AND pool_id = ?"
         params.append(pool_id)
     if states:
-        sql += f" AND state IN ({', '.join('?' * len(states))})"
+        where += f" AND state IN ({', '.join('?' * len(states))})"
         params.extend(states)
-    return [reservation_row(row) for row in rows(db, sql + " ORDER BY created_at, id", params)]
+    return _select(db, where + " ORDER BY created_at, id", params)
+
+
+def _select(db: Database, where: str, params: list[Any] | None = None) -> list[ReservationRow]:
+    """Reservation rows ``WHERE …`` (with its ORDER BY), typed."""
+    found = rows(db, f"SELECT * FROM reservations {where}", params or [])
+    return [reservation_row(row) for row in found]
 
 
 def live_of_tenant(db: Database, tenant_id: str) -> list[ReservationRow]:
-    found = rows(
+    return _select(
         db,
-        "SELECT * FROM reservations WHERE tenant_id = ? AND state IN ('pending', 'placed', 'active') "
-        "ORDER BY id",
+        "WHERE tenant_id = ? AND state IN ('pending', 'placed', 'active') ORDER BY id",
         [tenant_id],
     )
-    return [reservation_row(row) for row in found]
 
 
 def placed(db: Database) -> list[ReservationRow]:
-    found = rows(db, "SELECT * FROM reservations WHERE state = 'placed'")
-    return [reservation_row(row) for row in found]
+    return _select(db, "WHERE state = 'placed'")
 
 
 def pending(db: Database) -> list[ReservationRow]:
     """Pending reservations, oldest first: the placer's queue."""
-    found = rows(db, "SELECT * FROM reservations WHERE state = 'pending' ORDER BY created_at, id")
-    return [reservation_row(row) for row in found]
+    return _select(db, "WHERE state = 'pending' ORDER BY created_at, id")
 
 
 def placed_gpu_hours(db: Database, tenant_id: str) -> list[dict[str, Any]]:
@@ -203,13 +205,7 @@ def mark_pool_gone(db: Database, pool_id: str, tenant_id: str | None = None) -> 
 
 def live_on_node(db: Database, node_id: str) -> list[ReservationRow]:
     """Placed and active reservations booked on a node."""
-    found = rows(
-        db,
-        "SELECT * FROM reservations WHERE node_id = ? AND state IN ('placed', 'active') "
-        "ORDER BY id",
-        [node_id],
-    )
-    return [reservation_row(row) for row in found]
+    return _select(db, "WHERE node_id = ? AND state IN ('placed', 'active') ORDER BY id", [node_id])
 
 
 def flag_unhealthy_bookings(db: Database, node_id: str) -> None:

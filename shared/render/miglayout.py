@@ -143,6 +143,7 @@ def mig_units(
             needs="drain",
             every_boot=True,  # GPU instances are gone after a reboot; MIG mode is not
             gpus=changing,
+            gpus_from_inventory=True,  # the GPUs not yet in their layout, by the inventory
         ),
     ]
 

@@ -105,6 +105,7 @@ def command_unit(
     needs: Needs = "nothing",
     every_boot: bool = False,
     gpus: Sequence[str] = (),
+    gpus_from_inventory: bool = False,
 ) -> Unit:
     """A command run once per change of the unit.
 
@@ -119,6 +120,7 @@ def command_unit(
         needs=needs,
         every_boot=every_boot,
         gpus=_gpus(needs, gpus),
+        gpus_from_inventory=gpus_from_inventory,
     )
 
 
