@@ -21,12 +21,15 @@ What is already true is read from the host (file contents, /proc/modules,
 /proc/sys, /proc/cmdline); what cannot be read back (a command, an enabled
 service) is remembered in ``applied.json`` in the state directory as the hash
 of the unit last applied.
+
+``unit_commands`` and the undo helpers say what each unit runs, so that the
+dry-run plan (agent/plan.py) lists exactly what an apply would.
 """
 
 import hashlib
 import json
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -43,6 +46,7 @@ log = structlog.get_logger("agent.apply")
 
 Status = Literal["applied", "unchanged", "failed", "pending-reboot", "waiting-drain"]
 BOOT_DROP_IN = "etc/default/grub.d/90-better-compute.cfg"
+BOOT_DROP_IN_MODE = 0o644
 RECORD = "applied.json"
 
 
@@ -151,6 +155,75 @@ def _waiting_for(needs: str, gpus: Sequence[str], booked: frozenset[str]) -> lis
 Entry = dict[str, Any]  # what the record keeps of one applied unit
 
 
+def unit_commands(unit: Unit, *, enabled: bool = False) -> list[list[str]]:
+    """The commands applying ``unit`` runs, in order, when the host is not yet as it says.
+
+    A file unit runs none (it is written); a kernel-args unit writes the boot loader drop-in
+    and then runs update-grub. A service the agent enabled before (``enabled``) is restarted
+    on its new definition when it or a unit naming it in ``restarts`` changed.
+    """
+    if unit.kind == "kernel-args":
+        return [["update-grub"]]  # folds grub.d/*.cfg into the boot configuration
+    if unit.kind == "module":
+        return [["modprobe", unit.content]]
+    if unit.kind == "sysctl":
+        key, _, value = unit.content.partition("=")
+        return [["sysctl", "-w", f"{key.strip()}={value.strip()}"]]
+    if unit.kind == "service":
+        start = ["restart", unit.content] if enabled else ["enable", "--now", unit.content]
+        # A changed unit file is read only after a reload.
+        return [["systemctl", "daemon-reload"], ["systemctl", *start]]
+    if unit.kind == "command":
+        return [list(unit.argv)]
+    return []
+
+
+def undone_file(entry: Entry) -> str | None:
+    """The file (a host path) undoing a unit that left the spec deletes: its file or drop-in."""
+    if entry["kind"] == "file":
+        return str(entry["path"])
+    return "/" + BOOT_DROP_IN if entry["kind"] == "kernel-args" else None
+
+
+def undo_commands(entry: Entry) -> list[list[str]]:
+    """The commands undoing a unit that left the spec runs, after its file is deleted.
+
+    A module stays loaded, a sysctl keeps its value and a command's effect stays until the
+    next boot; their files (if any) are file units, deleted on their own.
+    """
+    if entry["kind"] == "kernel-args":
+        return [["update-grub"]]  # folds grub.d/*.cfg into the boot configuration
+    if entry["kind"] == "service":
+        return [["systemctl", "disable", "--now", entry["service"]]]
+    return []
+
+
+def undo_order(record: Mapping[str, Entry], wanted: Collection[str]) -> list[str]:
+    """The recorded units a spec no longer has, services first (stopped before their files go)."""
+    return sorted(
+        (i for i in record if i not in wanted), key=lambda i: record[i]["kind"] != "service"
+    )
+
+
+class RecordDamaged(ValueError):
+    """applied.json cannot be read back as a record of applied units."""
+
+
+def read_record(path: Path) -> dict[str, Entry]:
+    """What earlier applies did (empty when nothing was applied); RecordDamaged if unreadable."""
+    try:
+        found = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except ValueError as exc:  # not UTF-8, not JSON
+        raise RecordDamaged(str(exc)) from None
+    if not isinstance(found, dict) or not all(
+        isinstance(entry, dict) and "kind" in entry for entry in found.values()
+    ):
+        raise RecordDamaged("not a record of applied units")
+    return dict(found)
+
+
 class Applier:
     def __init__(self, root: Path, state_dir: Path, runner: Runner) -> None:
         self.root = root
@@ -163,18 +236,10 @@ class Applier:
     def _record(self) -> dict[str, Entry]:
         """What earlier applies did; a damaged record is set aside (R9) and applying starts afresh."""
         try:
-            found = json.loads(self.record_path.read_bytes())
-        except FileNotFoundError:
-            return {}
-        except ValueError as exc:  # not UTF-8, not JSON
+            return read_record(self.record_path)
+        except RecordDamaged as exc:
             set_aside(self.record_path, str(exc))
             return {}
-        if not isinstance(found, dict) or not all(
-            isinstance(entry, dict) and "kind" in entry for entry in found.values()
-        ):
-            set_aside(self.record_path, "not a record of applied units")
-            return {}
-        return dict(found)
 
     def apply(self, spec: NodeSpecUnits) -> ApplyReport:
         """Apply every unit, then undo the units an earlier spec had and this one has not.
@@ -203,12 +268,7 @@ class Applier:
                 entry = {**entry, "gpus": list(unit.gpus)}  # undoing it waits for them too
             record[unit.id] = entry
             results.append(UnitResult(unit.id, status))
-        wanted = {unit.id for unit in spec.units}
-        # Services first, so a service is stopped before its unit file goes.
-        gone = sorted(
-            (i for i in record if i not in wanted), key=lambda i: record[i]["kind"] != "service"
-        )
-        for unit_id in gone:
+        for unit_id in undo_order(record, {unit.id for unit in spec.units}):
             held = record[unit_id].get("gpus")
             waiting = _waiting_for("drain", held if isinstance(held, list) else [], booked)
             if waiting:
@@ -290,8 +350,8 @@ class Applier:
             or drop_in.read_text() != text
             or (had or {}).get("key") != entry["key"]
         ):
-            atomic_write(drop_in, text.encode(), 0o644)
-            self._must(["update-grub"])  # a failure leaves the record behind: tried again next time
+            atomic_write(drop_in, text.encode(), BOOT_DROP_IN_MODE)
+            self._run(unit_commands(unit))  # a failure leaves the record behind: tried again
         cmdline = self._on_host("proc/cmdline")
         running = set(cmdline.read_text().split()) if cmdline.exists() else set()
         booted = set(wanted) <= running and not (retired & running)
@@ -309,7 +369,7 @@ class Applier:
     def _module(self, unit: Unit) -> Status:
         if self._module_loaded(unit):
             return "unchanged"
-        self._must(["modprobe", unit.content])
+        self._run(unit_commands(unit))
         return "applied"
 
     def _sysctl_set(self, unit: Unit) -> bool:
@@ -320,8 +380,7 @@ class Applier:
     def _sysctl(self, unit: Unit) -> Status:
         if self._sysctl_set(unit):
             return "unchanged"
-        key, _, value = unit.content.partition("=")
-        self._must(["sysctl", "-w", f"{key.strip()}={value.strip()}"])
+        self._run(unit_commands(unit))
         return "applied"
 
     def _service(
@@ -331,19 +390,11 @@ class Applier:
 
         The key covers those units, so a restart that failed is tried again next time.
         """
-        name = unit.content
-        entry = {**entry, "key": self._service_key(unit, spec, entry), "service": name}
-        key = entry["key"]
-        if had is None:
-            self._must(["systemctl", "daemon-reload"])
-            self._must(["systemctl", "enable", "--now", name])
-            return "applied", entry
-        if had.get("key") != key:
-            # A changed unit file is read only after a reload: restart the new definition.
-            self._must(["systemctl", "daemon-reload"])
-            self._must(["systemctl", "restart", name])
-            return "applied", entry
-        return "unchanged", entry
+        entry = {**entry, "key": self._service_key(unit, spec, entry), "service": unit.content}
+        if had is not None and had.get("key") == entry["key"]:
+            return "unchanged", entry
+        self._run(unit_commands(unit, enabled=had is not None))
+        return "applied", entry
 
     @staticmethod
     def _service_key(unit: Unit, spec: NodeSpecUnits, entry: Entry) -> str:
@@ -360,7 +411,7 @@ class Applier:
         entry = {**entry, "key": self._command_key(unit, entry)}
         if had is not None and had.get("key") == entry["key"]:
             return "unchanged", entry
-        self._must(unit.argv)
+        self._run(unit_commands(unit))
         return ("pending-reboot" if unit.needs == "reboot" else "applied"), entry
 
     def _command_key(self, unit: Unit, entry: Entry) -> str:
@@ -369,18 +420,15 @@ class Applier:
 
     def _remove(self, entry: Entry) -> Status:
         """Undo what a unit that left the spec installed: its file, drop-in or service."""
-        kind = entry["kind"]
-        if kind == "file":
-            self._on_host(entry["path"]).unlink(missing_ok=True)
-        elif kind == "kernel-args":
-            self._on_host(BOOT_DROP_IN).unlink(missing_ok=True)
-            self._must(["update-grub"])
-            return "pending-reboot"
-        elif kind == "service":
-            self._must(["systemctl", "disable", "--now", entry["service"]])
-        # A module stays loaded, a sysctl keeps its value and a command's effect stays until the
-        # next boot; their files (if any) are file units, removed above.
-        return "applied"
+        path = undone_file(entry)
+        if path is not None:
+            self._on_host(path).unlink(missing_ok=True)
+        self._run(undo_commands(entry))
+        return "pending-reboot" if entry["kind"] == "kernel-args" else "applied"
+
+    def _run(self, commands: Sequence[Sequence[str]]) -> None:
+        for argv in commands:
+            self._must(argv)
 
     def _must(self, argv: Sequence[str]) -> None:
         outcome = self.runner.run(argv)

@@ -2,26 +2,30 @@
 
 import contextlib
 import signal
+import ssl
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 import msgspec
 
-from agent.apply import Applier, runner_for
+from agent.apply import RECORD, Applier, runner_for
 from agent.client import ControlPlane, ControlPlaneError
 from agent.inventory import FixtureError, InventoryCollector, collect_inventory
 from agent.inventory.nvml import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings
-from agent.plan import describe, for_people, write_tree
-from agent.state import State
+from agent.plan import describe, for_people, read_host, write_tree
+from agent.state import State, units_of
 from shared.errors import InvalidInput
 from shared.gpu import with_families
 from shared.inventory import Inventory
 from shared.log import configure_logging
 from shared.nodespec import RenderRefused
 from shared.policy import FIELD_VALIDATORS, validate_policy
+from shared.policy.model import policy_warnings
 from shared.render import render as render_spec
 from shared.sdnotify import Notifier
 
@@ -65,6 +69,12 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
 @cli.command()
 @click.option("--controlplane", required=True, help="The control plane's URL.")
 @click.option(
+    "--ca-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="CA certificates (PEM) an https control plane's certificate is verified against "
+    "(default: the system's).",
+)
+@click.option(
     "--join-token-file",
     type=click.Path(dir_okay=False, path_type=Path),
     required=True,
@@ -98,11 +108,18 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
     help="Where the NodeSpec is applied. Any root but / is a directory: files are written "
     "under it and commands are recorded in it, not run.",
 )
-@click.option("--dry-run", is_flag=True, help="Fetch and keep the NodeSpec; apply nothing.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Fetch and keep the NodeSpec; apply nothing. At exit (with --once: after its cycle) "
+    "print the plan of the kept NodeSpec against the host under --root; logs go to stderr.",
+)
 @click.option("--once", is_flag=True, help="One cycle, then exit.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
+@click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
 def run(
     controlplane: str,
+    ca_file: Path | None,
     join_token_file: Path,
     state_dir: Path,
     fixture: Path | None,
@@ -115,9 +132,13 @@ def run(
     dry_run: bool,
     once: bool,
     log_format: str,
+    as_json: bool,
 ) -> None:
     """Join the pool once, then report inventory and fetch the NodeSpec every interval."""
-    configure_logging(json=None if log_format == "auto" else log_format == "json")
+    configure_logging(
+        json=None if log_format == "auto" else log_format == "json",
+        stream=sys.stderr if dry_run else sys.stdout,  # a dry run's stdout is its plan
+    )
     settings = Settings(
         controlplane=controlplane,
         join_token_file=join_token_file,
@@ -126,6 +147,10 @@ def run(
         rejoin_backoff_cap=rejoin_backoff_max,
         dry_run=dry_run,
     )
+    try:
+        client = ControlPlane(controlplane, ca_file=ca_file)  # no connection until the first call
+    except ssl.SSLError as exc:  # a --ca-file that holds no PEM certificate
+        raise click.BadParameter(f"{ca_file}: {exc}", param_hint="--ca-file") from exc
     # Import the NVML bindings now (importing initialises nothing), so that the first
     # cycle is as quick as the rest and a missing module shows at start.
     with contextlib.suppress(ImportError):
@@ -138,7 +163,6 @@ def run(
         )
     except ValueError as exc:  # FixtureError, or --fixture-host alone: refused before any join
         raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
-    client = ControlPlane(controlplane)
     notifier = Notifier.from_environment()
     applier = None if dry_run else Applier(root, state_dir, runner_for(root, notifier))
     agent = Agent(settings, State(state_dir), collector.collect, client, applier, notifier)
@@ -148,6 +172,8 @@ def run(
         signal.signal(signum, lambda *_: stop.set())
     try:
         agent.run(stop, once=once)
+        if dry_run:
+            _plan_kept_spec(State(state_dir), root, collector.collect, as_json)
     except JoinRefused as exc:
         click.echo(f"better-compute-agent: the control plane refused this host: {exc}", err=True)
         sys.exit(2)
@@ -160,6 +186,23 @@ def run(
     finally:
         client.close()
         collector.close()
+
+
+def _echo_plan(plan: dict[str, Any], as_json: bool) -> None:
+    click.echo(msgspec.json.encode(plan).decode() if as_json else for_people(plan))
+
+
+def _plan_kept_spec(
+    state: State, root: Path, take_inventory: Callable[[], Inventory], as_json: bool
+) -> None:
+    """--dry-run: the plan of the NodeSpec the agent keeps, against the host under root."""
+    kept = state.spec()
+    if kept is None:
+        click.echo("better-compute-agent: no NodeSpec fetched yet: nothing to plan", err=True)
+        return
+    spec = units_of(kept)
+    host = read_host(spec, root, take_inventory(), state.directory / RECORD)
+    _echo_plan(describe(spec, host), as_json)
 
 
 @cli.command()
@@ -185,6 +228,13 @@ def run(
 @fixture_option
 @fixture_host_option
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="The host the plan is compared with (its files, /proc/cmdline); read, never written.",
+)
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON, for scripts.")
 def render(
     policy_file: Path,
@@ -193,11 +243,14 @@ def render(
     fixture: Path | None,
     fixture_host: str | None,
     out: Path,
+    root: Path,
     as_json: bool,
 ) -> None:
     """The local dry-run: write the files the NodeSpec would install under --out, print the plan.
 
-    The host is an inventory file or a recorded host; nothing on this machine is touched.
+    The host is an inventory file or a recorded host (its MIG layouts are compared with the
+    render); files and kernel arguments are compared with the host under --root, which is
+    read and never touched. Policy fields the code does not read are warned of on stderr.
     Exits 2 with the policy field and the reason when that host cannot take the policy.
     """
     configure_logging(stream=sys.stderr)
@@ -216,6 +269,8 @@ def render(
         raw = msgspec.json.decode(policy_file.read_bytes())
         if not isinstance(raw, dict):
             raise InvalidInput("the policy must be a JSON object", field="policy")
+        for warning in policy_warnings(raw):  # P9: a pool would store them, nothing reads them
+            click.echo(f"warning: {warning}", err=True)
         # The same field rules the API applies, for a pool of this host's model and --sharing.
         policy = validate_policy(
             raw,
@@ -239,5 +294,4 @@ def render(
         click.echo(f"better-compute-agent: policy.{exc.field}: {exc.message}", err=True)
         sys.exit(2)
     write_tree(spec, out)
-    plan = describe(spec)
-    click.echo(msgspec.json.encode(plan).decode() if as_json else for_people(plan))
+    _echo_plan(describe(spec, read_host(spec, root, host)), as_json)

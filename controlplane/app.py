@@ -4,9 +4,9 @@ import asyncio
 import contextlib
 import itertools
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import Any
 
@@ -14,20 +14,23 @@ import msgspec
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.api import iam, nodes, pools, quotas, reservations, sites
 from controlplane.api.method import Method, Read, parse_body
 from controlplane.api.openapi import openapi_document
 from controlplane.config import MAX_BODY_BYTES, Config
+from controlplane.console import add_console_routes
 from controlplane.iam.decide import Principal
+from controlplane.metrics import Metrics
 from controlplane.reconciler import run_reconciler
 from controlplane.runtime import Runtime
 from controlplane.services.access import authorize
 from controlplane.services.iam import authenticate, bootstrap, still_live
 from controlplane.services.reports import authenticate_node
+from controlplane.storage.commits import CommitListener, CommitSignal
 from controlplane.storage.db import Store
+from controlplane.storage.events import latest_seq
 from controlplane.storage.migrations import MIGRATIONS, schema_version
 from controlplane.storage.sql import Database
 from shared.errors import (
@@ -39,52 +42,11 @@ from shared.errors import (
     error_body,
 )
 from shared.ids import request_id as new_request_id
+from shared.log import log_request
 
 log = structlog.get_logger("controlplane.http")
+SWITCH_INTERVAL_S = 0.0005
 JSON = "application/json"
-
-
-@dataclass
-class Metrics:
-    registry: CollectorRegistry
-    requests: Counter
-    latency: Histogram
-    reconcile_failures: Counter  # R5: nodes and reservations a pass could not reconcile
-    # Labelled children by (route, status): labels() takes a lock and builds keys each call.
-    _children: dict[tuple[str, int], tuple[Any, Any]] = field(default_factory=dict)
-
-    def observe(self, route: str, status: int, seconds: float) -> None:
-        children = self._children.get((route, status))
-        if children is None:
-            children = (self.requests.labels(route, str(status)), self.latency.labels(route))
-            self._children[(route, status)] = children
-        children[0].inc()
-        children[1].observe(seconds)
-
-    @classmethod
-    def create(cls) -> "Metrics":
-        registry = CollectorRegistry()
-        return cls(
-            registry=registry,
-            requests=Counter(
-                "bc_http_requests",
-                "HTTP requests by method and status",
-                ["method", "status"],
-                registry=registry,
-            ),
-            latency=Histogram(
-                "bc_http_request_seconds",
-                "HTTP request latency by method",
-                ["method"],
-                registry=registry,
-                buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
-            ),
-            reconcile_failures=Counter(
-                "bc_reconcile_failures",
-                "Nodes and reservations a reconciler pass could not reconcile (each isolated, R5)",
-                registry=registry,
-            ),
-        )
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
@@ -257,13 +219,13 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
         response.headers["X-Request-Id"] = request_id
         route = request.path if request.match_info.route.resource else "unmatched"
         request.app[METRICS].observe(route, response.status, elapsed)
-        log.info(
-            "request",
-            method=request.method,
-            path=request.path,
-            status=response.status,
-            ms=round(elapsed * 1000, 3),
-            **request.get(CALLER, {}),
+        log_request(
+            request_id,
+            request.method,
+            request.path,
+            response.status,
+            round(elapsed * 1000, 3),
+            request.get(CALLER, {}),
         )
         return response
     finally:
@@ -317,26 +279,86 @@ def decide_in(db: Database, method: Method, token: str | None, caller: Any, body
     authorize(db, caller, method.access, body)
 
 
+def run_read(
+    method: Method,
+    call: Read,
+    token: str | None,
+    request: web.Request,
+    runtime: Runtime,
+    body: Any,
+) -> Callable[[Database], tuple[int, msgspec.Struct, bytes]]:
+    """The read as one function of its transaction: who calls, the decision, the answer and
+    its encoding (on a reader thread too, for an offloaded one), and the generation it saw."""
+
+    def run(db: Database) -> tuple[int, msgspec.Struct, bytes]:
+        caller = identify(method, db, token, request, runtime)
+        authorize(db, caller, method.access, body)
+        generation = runtime.db.generation(db) if call.cached else 0
+        answer = call.fn(db, caller, body, runtime)
+        return generation, answer, msgspec.json.encode(answer)
+
+    return run
+
+
+async def answer_read(
+    request: web.Request, runtime: Runtime, method: Method, call: Read, token: str | None
+) -> bytes:
+    """A read's encoded answer: from the cache while the generation stands; else read, on a
+    reader thread when offloaded; a long-poll reads again after each commit until it has
+    something or its time is up (B2)."""
+    store = runtime.db
+    body = await parse_body(request, method.request)
+    key = None
+    if call.cached:
+        # Two autocommit statements, no transaction: the credential is live, then the state
+        # a cached answer must have been made at.
+        caller = identify(method, store.reader, token, request, runtime)
+        generation = store.generation(store.reader)
+        assert isinstance(caller, Principal), "a cached read is a credential's"
+        key = (method.path, caller.credential_id, await request.read())
+        hit = runtime.answers.get(key, generation)
+        if hit is not None:
+            return hit  # made at this generation, for this credential and body, after its decision
+    loop = asyncio.get_running_loop()
+    deadline = None
+    while True:
+        seen = runtime.commits.latest  # before reading: a later commit is news to this read
+        run = run_read(method, call, token, request, runtime, body)
+        if call.offload:
+            generation, answer, encoded = await store.read(run)
+        else:
+            # No await inside: the read transaction never spans a suspension.
+            with store.snapshot() as db:
+                generation, answer, encoded = run(db)
+        if call.long_poll is None:
+            break
+        if deadline is None:
+            deadline = loop.time() + call.long_poll.seconds(body)
+        again = call.long_poll.resume(body, answer)
+        left = deadline - loop.time()
+        if again is None or left <= 0 or not await runtime.commits.wait_beyond(seen, left):
+            break
+        body = again
+    if key is not None:
+        runtime.answers.put(key, generation, encoded)
+    return encoded
+
+
 def method_handler(method: Method) -> Handler:
     async def handle(request: web.Request) -> web.Response:
         runtime = request.app[RUNTIME]
         token = None if method.auth == "none" else bearer_token(request)
-        body = await parse_body(request, method.request)
         if isinstance(method.call, Read):
-            # No await from here on: the read transaction never spans a suspension.
-            with runtime.db.snapshot() as db:
-                caller = identify(method, db, token, request, runtime)
-                authorize(db, caller, method.access, body)
-                answer = method.call.fn(db, caller, body, runtime)
-        else:
-            # On the reader, outside a transaction (each statement sees the latest commit):
-            # a refusal costs no writer time, and a write that ends without a transaction (an
-            # unchanged report) is decided too; decided again inside each transaction.
-            caller = identify(method, runtime.db.reader, token, request, runtime)
-            authorize(runtime.db.reader, caller, method.access, body)
-            store = runtime.db.gated(lambda db: decide_in(db, method, token, caller, body))
-            answer = await method.call.fn(store, runtime, caller, body)
-        return json_response(answer)
+            encoded = await answer_read(request, runtime, method, method.call, token)
+            return web.Response(body=encoded, headers=JSON_HEADERS)
+        body = await parse_body(request, method.request)
+        # On the reader, outside a transaction (each statement sees the latest commit): a
+        # refusal costs no writer time, and a write that ends without a transaction (an
+        # unchanged report) is decided too; decided again inside each transaction.
+        caller = identify(method, runtime.db.reader, token, request, runtime)
+        authorize(runtime.db.reader, caller, method.access, body)
+        store = runtime.db.gated(lambda db: decide_in(db, method, token, caller, body))
+        return json_response(await method.call.fn(store, runtime, caller, body))
 
     return handle
 
@@ -362,7 +384,9 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body = generate_latest(request.app[METRICS].registry)
+    runtime, served = request.app[RUNTIME], request.app[METRICS]
+    await served.fleet.refresh(runtime.db, runtime.config.reconcile_interval)
+    body = generate_latest(served.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
@@ -393,6 +417,7 @@ def make_app(config: Config) -> web.Application:
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/openapi.json", openapi)
+    add_console_routes(app)  # M2: the web console at /ui/
     app.cleanup_ctx.append(_store_lifetime)
     app.cleanup_ctx.append(_reconciler_lifetime)
     return app
@@ -401,12 +426,24 @@ def make_app(config: Config) -> web.Application:
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
     runtime = app[RUNTIME]
     config = runtime.config
+    # B6: a reader thread in a long list hands the interpreter back to the event loop after
+    # this long (Python's default, 5 ms, let a pools/get wait behind it for tens of ms).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     store = Store(config.db_path, config.durability)  # makes its directory 0700 (R7)
     if bootstrap(store, config.root_token_file):
         log.info("bootstrapped tenant root", root_token_file=str(config.root_token_file))
+    with store.snapshot() as db:
+        runtime.commits = CommitSignal(latest_seq(db))
+    store.on_commit = runtime.commits.advance
+    listener = None
+    if store.postgres:  # other replicas' commits wake this one's long-polls too
+        listener = CommitListener(store, runtime.commits)
+        listener.start(asyncio.get_running_loop())
     runtime.store = store
     yield
     runtime.store = None
+    if listener is not None:
+        listener.stop()
     store.close()
 
 
@@ -420,7 +457,7 @@ async def _reconciler_lifetime(app: web.Application) -> AsyncIterator[None]:
             runtime.config.reconcile_interval,
             runtime.config.node_lost_after,
             runtime.started,
-            app[METRICS].reconcile_failures,
+            app[METRICS],
             runtime.leadership,
         )
     )

@@ -2,8 +2,10 @@
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import signal
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -134,12 +136,36 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def tls_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """M3: the server's TLS settings (TLS 1.2 or later, the ssl module's default ciphers) with
+    its certificate chain and key; a bad file is a usage error naming it."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise click.BadParameter(
+            f"cannot load {cert} with {key}: {exc}", param_hint="--tls-cert/--tls-key"
+        ) from None
+    return context
+
+
 async def run_server(
     config: Config,
     notifier: Notifier | None = None,
     *,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT_S,
     header_timeout: float = HEADER_TIMEOUT_S,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop taking requests and finish the ones in flight.
 
@@ -151,6 +177,9 @@ async def run_server(
     A connection idle between requests is closed after ``keepalive_timeout`` seconds;
     one whose request line and headers do not arrive whole within ``header_timeout``
     seconds (from its opening, or from a request's first byte) is closed too.
+
+    With ``tls`` it serves HTTPS (M3); without, on an address other than loopback it says
+    once, as a warning, that requests and tokens cross the network in clear.
     """
     if notifier is None:
         notifier = Notifier.from_environment()
@@ -164,11 +193,18 @@ async def run_server(
         header_timeout=header_timeout,
     )
     await runner.setup()  # opens the store and runs its migrations (cleanup_ctx)
-    site = web.TCPSite(runner, config.host, config.port)
+    site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
     await site.start()
     port = runner.addresses[0][1]  # the bound port, also when --listen asked for port 0
-    url = f"http://{config.host}:{port}"
+    url = f"{'https' if tls else 'http'}://{config.host}:{port}"
     log.info("serving", url=url, db=redacted(config.db_path))
+    if tls is None and not is_loopback(config.host):
+        log.warning(
+            "serving plain HTTP on an address that is not loopback: tokens cross the network "
+            "in clear; give --tls-cert and --tls-key, or listen on 127.0.0.1 behind a "
+            "TLS-terminating proxy",
+            host=config.host,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -245,6 +281,16 @@ def cli() -> None:
     help="full: every commit synced before the answer (survives a power loss); relaxed: "
     "synced at checkpoints (a power loss may lose the last commits; bench/durability.py).",
 )
+@click.option(
+    "--tls-cert",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Serve HTTPS with this certificate chain (PEM, the server's first); with --tls-key.",
+)
+@click.option(
+    "--tls-key",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The private key (PEM) of --tls-cert.",
+)
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 @click.option(
     "--log-level",
@@ -262,6 +308,8 @@ def serve(
     keepalive_timeout: float,
     header_timeout: float,
     durability: Durability,
+    tls_cert: Path | None,
+    tls_key: Path | None,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -273,6 +321,9 @@ def serve(
             "give it in PGPASSWORD or ~/.pgpass",
             param_hint="--db",
         )
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    tls = None if tls_cert is None or tls_key is None else tls_context(tls_cert, tls_key)
     configure_logging(
         json=None if log_format == "auto" else log_format == "json", level=LOG_LEVELS[log_level]
     )
@@ -288,7 +339,9 @@ def serve(
         durability=durability,
     )
     asyncio.run(
-        run_server(config, keepalive_timeout=keepalive_timeout, header_timeout=header_timeout)
+        run_server(
+            config, keepalive_timeout=keepalive_timeout, header_timeout=header_timeout, tls=tls
+        )
     )
 
 

@@ -2,31 +2,34 @@
 liveness stamps and lost nodes, stale nodes' rows and atoms (each in its own savepoint, R5),
 then the placer's retries and placed → active. It sits on top of capacity/ and services/.
 
-Liveness: reports stamp memory only. A pass looks at the nodes whose stored
-stamp is older than the grace period; those seen since (in memory) get their
-stamp written, the others are lost. So a live node's stamp is written about
-once per grace period, and none at all in a pass where no stamp is that old.
-No node is marked lost during the first grace period after a start, when
-memory has not seen the fleet yet.
+Liveness: reports stamp memory only. Every replica writes its nodes' stamps to its
+liveness store (storage/liveness.py), off the writer, each about every third of the grace
+period; before the leader's pass that store finds, also off the writer, the nodes with no
+stamp in the grace period, and the pass marks lost those of them that memory has not seen
+either. So the writer spends nothing on the stamps of live nodes. No node is marked lost
+during the first grace period after a start, when memory has not seen the fleet yet, nor
+after a replica takes the lead, when flushes from the others may be on their way (B4).
 """
 
 import asyncio
 import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import structlog
-from prometheus_client import Counter
 
 from controlplane.capacity.bookings import activate, retry_pending
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.nodes import Failed, isolated, reconcile_isolated
+from controlplane.metrics import Metrics
 from controlplane.services.node_ops import progress_drain
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
 from controlplane.storage.leader import Leadership
+from controlplane.storage.liveness import LivenessStore
 from controlplane.storage.sql import Database
 
 log = structlog.get_logger("controlplane.reconciler")
@@ -37,26 +40,37 @@ class PassStats:
     nodes_recomputed: int = 0
     rows_written: int = 0
     nodes_lost: int = 0
-    stamps_written: int = 0
+    stamps_written: int = 0  # alive but stored as old: handed to the next flush (off the writer)
     reservations_moved: int = 0
     failures: int = 0  # nodes and reservations that could not be reconciled (R5)
 
+    @property
+    def written(self) -> int:
+        """M1 bc_reconcile_rows_written: rows and atoms, stamps, lost nodes and moves."""
+        return self.rows_written + self.stamps_written + self.nodes_lost + self.reservations_moved
 
-def reconcile_pass(
-    db: Database, liveness: Liveness, lost_after: float, may_mark_lost: bool
-) -> PassStats:
-    """One pass: refresh old liveness stamps, mark silent nodes lost, recompute stale nodes."""
-    stats = PassStats()
+
+def mark_silent(
+    db: Database,
+    liveness: Liveness,
+    lost_after: float,
+    may_mark_lost: bool,
+    candidates: Sequence[str] | None,
+) -> tuple[int, int]:
+    """The pass's liveness part, in the writer: (stamps owed, nodes marked lost). Of the nodes
+    whose stored stamps are older than the grace period (among ``candidates``), those memory
+    saw since are alive, their stamps handed to the next flush; the others are lost."""
     cutoff = time.time() - lost_after
     seen, silent = [], []
-    for node in node_sql.silent_nodes(db, timestamp(cutoff)):
+    for node in node_sql.silent_nodes(db, timestamp(cutoff), candidates):
         last = liveness.last_epoch(node["id"])
         if last is not None and last >= cutoff:
-            seen.append((timestamp(last), node["id"]))
+            seen.append(node["id"])
         elif may_mark_lost:
+            if last is not None:  # a stored stamp later than the row's
+                node["last_seen_at"] = max(node["last_seen_at"], timestamp(last))
             silent.append(node)
-    node_sql.touch(db, seen)
-    stats.stamps_written = len(seen)
+    liveness.owe(seen)
     node_sql.mark_lost(db, [node["id"] for node in silent], now())
     # A lost node's bookings are marked, not silently freed: they run on if it comes back.
     node_sql.mark_bookings_lost(db, [node["id"] for node in silent])
@@ -72,7 +86,23 @@ def reconcile_pass(
             },
             audience=[node["owner_tenant_id"]],
         )
-    stats.nodes_lost = len(silent)
+    return len(seen), len(silent)
+
+
+def reconcile_pass(
+    db: Database,
+    liveness: Liveness,
+    lost_after: float,
+    may_mark_lost: bool,
+    candidates: Sequence[str] | None = None,
+) -> PassStats:
+    """One pass: mark silent nodes lost, recompute stale nodes, the placer's retries.
+    ``candidates``: the nodes that the liveness store found silent, off the writer
+    (run_reconciler's check); without them the pass reads every node's ``last_seen_at``."""
+    stats = PassStats()
+    stats.stamps_written, stats.nodes_lost = mark_silent(
+        db, liveness, lost_after, may_mark_lost, candidates
+    )
     for node in node_sql.stale_nodes(db):
         written = reconcile_isolated(db, node)
         if isinstance(written, Failed):
@@ -102,38 +132,70 @@ async def run_reconciler(
     interval: float,
     lost_after: float,
     started: float,
-    failures: Counter,
+    metrics: Metrics,
     leadership: Leadership,
 ) -> None:
-    """Every ``interval`` seconds, one pass on the leader; a failed pass is logged and the
-    next one retries. A replica that does not lead writes the liveness stamps of the nodes
-    that report to it, so the leader's lost-node check sees them (B4)."""
-    while True:
-        await asyncio.sleep(interval)
-        if not leadership.holds():
-            due = liveness.due(lost_after / 3)
-            if due:
+    """Every ``interval`` seconds: on every replica a flush of the liveness stamps of the
+    nodes that report to it, off the writer, so the leader's lost-node check sees them (B4);
+    then on the leader one pass (a failed pass is logged and the next one retries). The
+    liveness store is open while this runs."""
+    stamps = LivenessStore(store.location)
+    liveness.stored = stamps
+    leading_since, following = started, False
+    try:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await stamps.run(flush, stamps, liveness, lost_after / 3)
+            except Exception:
+                log.exception("liveness flush failed")
+            if not leadership.holds():
+                following = True
+                continue
+            if following:  # B4: taking the lead waits a grace period, as a start does
+                leading_since, following = time.monotonic(), False
+            may_mark_lost = time.monotonic() - leading_since >= lost_after
+            candidates: list[str] = []
+            if may_mark_lost:
                 try:
-                    await store.write(functools.partial(node_sql.touch, seen=due))
+                    candidates = await stamps.run(stamps.silent, time.time() - lost_after)
                 except Exception:
-                    log.exception("liveness flush failed")
-            continue
-        may_mark_lost = time.monotonic() - started >= lost_after
-        work = functools.partial(
-            reconcile_pass, liveness=liveness, lost_after=lost_after, may_mark_lost=may_mark_lost
-        )
-        try:
-            stats = await store.write(work)
-        except Exception:
-            failures.inc()
-            log.exception("reconciler pass failed")
-            continue
-        failures.inc(stats.failures)
-        if stats.nodes_recomputed or stats.nodes_lost or stats.reservations_moved:
-            log.info(
-                "reconciled",
-                nodes=stats.nodes_recomputed,
-                rows_written=stats.rows_written,
-                lost=stats.nodes_lost,
-                stamps=stats.stamps_written,
+                    log.exception("lost-node check failed; no node is marked lost in this pass")
+            work = functools.partial(
+                reconcile_pass,
+                liveness=liveness,
+                lost_after=lost_after,
+                may_mark_lost=may_mark_lost,
+                candidates=candidates,
             )
+            try:
+                with metrics.reconcile_seconds.time():
+                    stats = await store.write(work)
+            except Exception:
+                metrics.reconcile_failures.inc()
+                log.exception("reconciler pass failed")
+                continue
+            metrics.reconcile_failures.inc(stats.failures)
+            metrics.rows_written.inc(stats.written)
+            if stats.nodes_recomputed or stats.nodes_lost or stats.reservations_moved:
+                log.info(
+                    "reconciled",
+                    nodes=stats.nodes_recomputed,
+                    rows_written=stats.rows_written,
+                    lost=stats.nodes_lost,
+                    stamps=stats.stamps_written,
+                )
+    finally:
+        liveness.stored = None
+        stamps.close()
+
+
+def flush(stamps: LivenessStore, liveness: Liveness, every: float) -> None:
+    """Write the due stamps (``Liveness.due``) to the liveness store, on its thread; those of
+    a flush that fails are due again at the next."""
+    due = liveness.due(every)
+    try:
+        stamps.write(due)
+    except Exception:
+        liveness.owe(due)
+        raise

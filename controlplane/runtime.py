@@ -3,9 +3,11 @@
 import time
 from dataclasses import dataclass, field
 
+from controlplane.api.answers import AnswerCache
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache
+from controlplane.storage.commits import CommitSignal
 from controlplane.storage.db import Store
 from controlplane.storage.leader import Leadership
 
@@ -19,6 +21,8 @@ class Runtime:
     liveness: Liveness = field(default_factory=Liveness)
     credentials: CredentialCache = field(default_factory=CredentialCache)
     started: float = field(default_factory=time.monotonic)
+    answers: AnswerCache = field(default_factory=AnswerCache)  # cached reads' answers (B6)
+    commits: CommitSignal = field(default_factory=CommitSignal)  # long-polls wait on it (B2)
     leadership: Leadership = field(init=False)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,9 @@ library's http.client keeps the agent small (aiohttp alone would add about
 """
 
 import http.client
+import ssl
 import urllib.parse
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -39,13 +41,21 @@ class Refused(ControlPlaneError):
 class ControlPlane:
     """Calls `POST {url}/api/{path}`; not thread-safe (one connection, reused)."""
 
-    def __init__(self, url: str, timeout: float = 10.0, token: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        timeout: float = 10.0,
+        token: str | None = None,
+        ca_file: str | Path | None = None,
+    ) -> None:
+        """``ca_file``: the CA certificates (PEM) an https control plane's certificate is
+        verified against, instead of the system's (M3); OSError when it cannot be loaded."""
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(f"not an http(s) URL: {url}")
+        self._tls = ssl.create_default_context(cafile=ca_file) if parsed.scheme == "https" else None
         self.url = url.rstrip("/")
         self.token = token  # the default for call(); the agent passes its node token per call
-        self._scheme = parsed.scheme
         self._netloc = parsed.netloc
         self._prefix = parsed.path.rstrip("/")
         self._timeout = timeout
@@ -53,12 +63,11 @@ class ControlPlane:
 
     def _connect(self) -> http.client.HTTPConnection:
         if self._connection is None:
-            kind = (
-                http.client.HTTPSConnection
-                if self._scheme == "https"
-                else http.client.HTTPConnection
+            self._connection = (
+                http.client.HTTPSConnection(self._netloc, timeout=self._timeout, context=self._tls)
+                if self._tls is not None
+                else http.client.HTTPConnection(self._netloc, timeout=self._timeout)
             )
-            self._connection = kind(self._netloc, timeout=self._timeout)
         return self._connection
 
     def close(self) -> None:

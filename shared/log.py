@@ -8,17 +8,31 @@ kill is in the log (M5). There is no buffer in this process to lose.
 The standard library's loggers (aiohttp's, asyncio's) go to the same stream in
 the same format, one line each with the request id when there is one, at
 WARNING and above.
+
+``log_request`` writes the one line per HTTP request. In JSON it skips
+structlog's processor chain and writes the same fields in the same order (the
+request id, the fields, event, level, timestamp) with the same single
+write-and-flush: through structlog that line was ~11% of a ``pools/get``'s CPU.
 """
 
 import logging
 import sys
-from typing import TextIO
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
 
 import msgspec
 import structlog
 
 _ENCODER = msgspec.json.Encoder(enc_hook=str)
 _stdlib_handler: logging.Handler | None = None  # the one configure_logging put on the root logger
+# Where log_request writes a JSON line (None: through structlog, or not at all when disabled).
+_request_line: Callable[[bytes], None] | None = None
+_requests_logged = True  # False below INFO
+_processors: list[Any] = []  # structlog's chain as configured here
+_renderer: Any = None  # its last processor
+_second = -1  # the whole second _stamp_prefix is of
+_stamp_prefix = ""
 
 
 def _dumps(event: object, **_: object) -> bytes:
@@ -76,9 +90,60 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(max(level, logging.WARNING))
     _stdlib_handler = handler
+    global _request_line, _requests_logged, _processors, _renderer
+    _requests_logged = level <= logging.INFO
+    _request_line = _line_writer(binary) if json and binary is not None else None
+    _processors = [*shared, structlog.processors.format_exc_info, renderer]
+    _renderer = renderer
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=_processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
+
+
+def _line_writer(binary: Any) -> Callable[[bytes], None]:
+    def write(line: bytes) -> None:
+        binary.write(line)
+        binary.flush()
+
+    return write
+
+
+def _timestamp() -> str:
+    """Now as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it, the date and time of
+    day formatted once a second."""
+    global _second, _stamp_prefix
+    now = time.time()
+    second = int(now)
+    if second != _second:
+        _stamp_prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        _second = second
+    return f"{_stamp_prefix}.{int((now - second) * 1_000_000):06d}Z"
+
+
+_http_log = structlog.get_logger("controlplane.http")
+
+
+def _ours(processors: list[Any]) -> bool:
+    """Whether structlog still runs the chain configured here (``capture_logs`` swaps the
+    list's contents, another ``configure`` the list)."""
+    return processors is _processors and bool(processors) and processors[-1] is _renderer
+
+
+def log_request(
+    request_id: str, method: str, path: str, status: int, ms: float, caller: dict[str, str]
+) -> None:
+    """The request's log line (M5), written whole the moment it is logged; ``caller`` names
+    who called (tenant and credential, or node)."""
+    if not _requests_logged:
+        return
+    if _request_line is None or not _ours(structlog.get_config()["processors"]):
+        _http_log.info("request", method=method, path=path, status=status, ms=ms, **caller)
+        return
+    line = {"request_id": request_id, "method": method, "path": path, "status": status, "ms": ms}
+    if caller:
+        line.update(caller)
+    line["event"], line["level"], line["timestamp"] = "request", "info", _timestamp()
+    _request_line(_ENCODER.encode(line) + b"\n")

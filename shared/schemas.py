@@ -35,6 +35,9 @@ DisplayName = Annotated[str, Meta(min_length=1, max_length=200)]
 SiteName = Annotated[str, Meta(max_length=64, pattern=whole(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"))]
 Region = Annotated[str, Meta(max_length=64, pattern=whole(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"))]
 EventType = Annotated[str, Meta(max_length=64, pattern=whole(r"^[a-z]+(\.[a-z][A-Za-z]*)+$"))]
+# B1: a list answers at most this many items a page (100 unless told) and the cursor of the next.
+PageLimit = Annotated[int, Meta(ge=1, le=1000, description="At most this many items (B1).")]
+DEFAULT_PAGE = 100
 
 PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
 Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
@@ -98,6 +101,10 @@ class CredentialsRevoke(TenantScoped):
     credential_id: CredentialId
 
 
+class CredentialsWhoami(Request):
+    """No fields: the answer is about the credential that calls."""
+
+
 # --- sites -----------------------------------------------------------------
 
 
@@ -108,14 +115,20 @@ class SitesCreate(TenantScoped):
 
 
 class SitesList(TenantScoped):
-    pass
+    """The tenant's sites in id order, a page at a time (B1)."""
+
+    limit: PageLimit = DEFAULT_PAGE
+    cursor: SiteId | UnsetType = UNSET  # the `next` of the page before
 
 
 # --- pools (seed 003) ------------------------------------------------------
 
 
 class PoolsList(TenantScoped):
-    pass
+    """L1, B1: without limit every pool (the seed's contract), else a page; in id order."""
+
+    limit: PageLimit | UnsetType = UNSET
+    cursor: PoolId | UnsetType = UNSET  # the `next` of the page before
 
 
 class PoolsGet(PoolScoped):
@@ -177,18 +190,42 @@ class QuotasSet(PoolScoped):
     version: PoolVersion | UnsetType = UNSET
 
 
+# B1: a quota row's position, `poolId/resource`, as the `next` of quotas/list gives it.
+QuotaCursor = Annotated[
+    str,
+    Meta(
+        max_length=122,
+        pattern=whole(rf"^pool_{ID_BODY}{{26,52}}/[A-Za-z][A-Za-z0-9._-]{{0,63}}$"),
+    ),
+]
+
+
 class QuotasList(TenantScoped):
+    """The caller tenant's quota rows in (poolId, resource) order, a page at a time (B1)."""
+
     pool_id: PoolId | UnsetType = UNSET
+    limit: PageLimit = DEFAULT_PAGE
+    cursor: QuotaCursor | UnsetType = UNSET  # the `next` of the page before
 
 
 class CapacityByPool(PoolScoped):
     pass
 
 
+# An event's position in the log: its seq (0 before the first).
+Seq = Annotated[int, Meta(ge=0, le=2**63 - 1)]
+
+
 class EventsList(TenantScoped):
-    after: Annotated[int, Meta(ge=0, le=2**63 - 1)] = 0
-    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+    """Events after a position in seq order (B1): `after` (the seed's), or the same position
+    as `cursor`, the `next` of the page before as given or as its decimal string."""
+
+    after: Seq | UnsetType = UNSET
+    cursor: Seq | Annotated[str, Meta(pattern=whole(r"^[0-9]{1,18}$"))] | UnsetType = UNSET
+    limit: PageLimit = DEFAULT_PAGE
     types: Annotated[list[EventType], Meta(max_length=32)] | UnsetType = UNSET
+    # B2: with nothing visible after the position yet, wait up to this long for an event.
+    wait_seconds: Annotated[float, Meta(ge=0, le=60)] = 0
 
 
 # --- answers ---------------------------------------------------------------
@@ -231,18 +268,36 @@ class PoolView(Answer):
     updated_at: str
     offers: list[OfferView] | UnsetType = UNSET
     provider_account_id: str | UnsetType = UNSET
+    warnings: (
+        Annotated[
+            list[str],
+            Meta(
+                description="pools/create and pools/update only: policy fields the code does "
+                "not read (stored as given, P9), e.g. `policy.hugepage: not a field the code "
+                "reads; did you mean hugepages?`"
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class PoolList(Answer):
     items: list[PoolView]
+    next: str | None  # the cursor of the next page (B1); null at the end and without limit
 
 
 class Unoffered(Answer):
     removed: bool
 
 
-class QuotaList(Answer):
+class QuotaRows(Answer):
+    """The rows quotas/set wrote."""
+
     items: list[QuotaRow]
+
+
+class QuotaList(QuotaRows):
+    next: str | None  # the cursor of the next page (B1); null at the end
 
 
 class CapacityRow(Answer):
@@ -274,6 +329,7 @@ class SiteView(Answer):
 
 class SiteList(Answer):
     items: list[SiteView]
+    next: str | None  # the cursor of the next page (B1); null at the end
 
 
 class TenantView(Answer):
@@ -301,6 +357,15 @@ class CredentialRevoked(Answer):
     revoked: bool
 
 
+class CallerView(Answer):
+    """Who the calling credential is (iam/credentials/whoami)."""
+
+    tenant_id: str
+    credential_id: str
+    root: bool  # the root tenant's: it may act for any tenant (compute-fleet)
+    admin: bool  # no statements: every action on its tenant and the pools it owns or is offered
+
+
 class EventView(Answer):
     seq: int
     id: str
@@ -312,6 +377,8 @@ class EventView(Answer):
 
 class EventList(Answer):
     items: list[EventView]
+    # The position after the last event read (B1): never null, the log has no end; `after`
+    # (or `cursor`) = next continues, and answers nothing new until more events come.
     next: int
 
 
@@ -370,7 +437,7 @@ class NodesList(TenantScoped):
 
     pool_id: PoolId | UnsetType = UNSET
     states: Annotated[list[NodeState], Meta(max_length=4)] | UnsetType = UNSET
-    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+    limit: PageLimit = DEFAULT_PAGE
     cursor: NodeId | UnsetType = UNSET  # the `next` of the page before
 
 
@@ -549,8 +616,12 @@ class ReservationsEnd(TenantScoped):
 
 
 class ReservationsList(TenantScoped):
+    """The tenant's reservations in id order, a page at a time (B1)."""
+
     pool_id: PoolId | UnsetType = UNSET
     states: Annotated[list[ReservationState], Meta(max_length=5)] | UnsetType = UNSET
+    limit: PageLimit = DEFAULT_PAGE
+    cursor: ReservationId | UnsetType = UNSET  # the `next` of the page before
 
 
 class BudgetsSet(TenantScoped):
@@ -580,6 +651,7 @@ class ReservationView(Answer):
 
 class ReservationList(Answer):
     items: list[ReservationView]
+    next: str | None  # the cursor of the next page (B1); null at the end
 
 
 class BudgetView(Answer):

@@ -73,6 +73,7 @@ def bodies(w: dict[str, Any]) -> dict[str, dict[str, Any]]:
         "/api/iam/tenants/delete": {"tenantId": "doomed"},
         "/api/iam/credentials/create": {**acme, "name": "more"},
         "/api/iam/credentials/revoke": {**acme, "credentialId": w["credential"]},
+        "/api/iam/credentials/whoami": {},
         "/api/compute/sites/create": {**acme, "name": "b2", "region": "eu", "kind": "custom"},
         "/api/compute/sites/list": acme,
         "/api/compute/pools/list": acme,

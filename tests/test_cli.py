@@ -52,6 +52,11 @@ class Cli:
         return self("--json", *args).json()
 
 
+def table_id(object_id: str) -> str:
+    """An id as a table shows it (M4: its last 8 characters; `-o wide` has it whole)."""
+    return f"…{object_id[-8:]}"
+
+
 @pytest.fixture(scope="module")
 def daemon_once(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """One control plane for the module: each CLI call is a fresh process anyway."""
@@ -94,7 +99,10 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     )  # fmt: skip
     listed = cli("sites", "list", "--tenant", "root").out
     assert listed.splitlines()[0].split() == ["ID", "NAME", "REGION", "KIND", "OWNER"]
-    assert site["id"] in listed
+    assert (
+        table_id(site["id"]) in listed
+        and site["id"] in cli("-o", "wide", "sites", "list", "--tenant", "root").out
+    )
 
     policy = tmp_path / "policy.json"
     policy.write_text("{}")
@@ -113,7 +121,9 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     # The seed's example: the tenant's view, quota shown as used/max.
     table = cli("pools", "list", "--tenant", "acme").out.splitlines()
     assert table[0].split() == ["ID", "MODEL", "CLASS", "SHARING", "OWNED", "ARCHIVED", "QUOTA"]
-    assert table[1].startswith(pool_id) and "gpu 0/8" in table[1] and "vcpu 0/64" in table[1]
+    assert (
+        table[1].startswith(table_id(pool_id)) and "gpu 0/8" in table[1] and "vcpu 0/64" in table[1]
+    )
     assert table[0].index("MODEL") == table[1].index("H100")  # aligned columns
     assert [p["id"] for p in cli.ok_json("pools", "list", "--tenant", "acme")["items"]] == [pool_id]
     assert "offered to acme: gpu 8" in cli("pools", "get", pool_id, "--tenant", "root").out
@@ -159,7 +169,7 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
             {"version": spec["version"], "units": units},
         )
     nodes = cli("nodes", "list", pool_id, "--tenant", "root").out
-    assert node["nodeId"] in nodes and "8x H100" in nodes and "ready" in nodes
+    assert table_id(node["nodeId"]) in nodes and "8x H100" in nodes and "ready" in nodes
     shown = cli("nodes", "get", node["nodeId"], "--tenant", "root").out
     assert "dgx-h100-01" in shown and "RESOURCE" in shown and "80 GiB" in shown
     assert any(line.split()[:2] == ["gpu", "8"] for line in shown.splitlines())  # GPU atoms
@@ -172,7 +182,7 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
 
     res = cli.ok_json("reservations", "create", pool_id, "--tenant", "acme", "--resource", "gpu=1")
     assert res["state"] == "placed"  # on the DGX that joined above
-    assert res["id"] in cli("reservations", "list", "--tenant", "acme").out
+    assert table_id(res["id"]) in cli("reservations", "list", "--tenant", "acme").out
     assert cli.ok_json("reservations", "get", res["id"], "--tenant", "acme")["id"] == res["id"]
     ended = cli.ok_json("reservations", "end", res["id"], "--tenant", "acme")
     assert ended["state"] == "ended"
@@ -202,9 +212,9 @@ def test_bad_token_is_unauthenticated(cli: Cli) -> None:
 
 
 def test_refused_connection_is_one_clear_line(cli: Cli) -> None:
-    """Nothing listening: exit 1 and a line that says the control plane could not be reached."""
+    """M4: nothing listening is exit 3 (not reached) and one line that says so."""
     url = f"http://127.0.0.1:{free_port()}"
-    run = cli("--url", url, "pools", "list", "--tenant", "root", code=1)
+    run = cli("--url", url, "pools", "list", "--tenant", "root", code=3)
     assert run.err.startswith("error: cannot reach the control plane") and url in run.err
     assert len(run.err.strip().splitlines()) == 1
 
@@ -218,7 +228,8 @@ def test_usage_errors_exit_2(cli: Cli) -> None:
 
 
 def test_profile_from_config_toml(cli: Cli, daemon_once: Daemon, tmp_path: Path) -> None:
-    """--profile reads url, token_file and a default tenant from $XDG_CONFIG_HOME."""
+    """--profile reads url, token_file and a default tenant from $XDG_CONFIG_HOME; a missing
+    or bad profile is a usage error (exit 2, M4)."""
     config = tmp_path / "config" / "better-compute" / "config.toml"
     config.parent.mkdir(parents=True)
     token_file = daemon_once.workdir / "data" / "root.token"
@@ -229,10 +240,10 @@ def test_profile_from_config_toml(cli: Cli, daemon_once: Daemon, tmp_path: Path)
     unset = {"BETTER_COMPUTE_URL": "", "BETTER_COMPUTE_TOKEN_FILE": ""}
     lab = Cli({**cli.env, **unset})
     assert "items" in lab("--json", "--profile", "lab", "sites", "list").json()  # tenant from it
-    run = lab("--profile", "missing", "sites", "list", code=1)
+    run = lab("--profile", "missing", "sites", "list", code=2)
     assert "no profile 'missing'" in run.err
     config.write_text("[profiles.lab]\nurl = 5\n")
-    bad = lab("--profile", "lab", "sites", "list", code=1)
+    bad = lab("--profile", "lab", "sites", "list", code=2)
     assert bad.err.startswith("error: ") and "Traceback" not in bad.err
 
 
@@ -246,9 +257,10 @@ def test_help_mentions_completion(cli: Cli) -> None:
 
 
 def test_events_tail_follow_prints_only_what_comes_next(cli: Cli) -> None:
-    """`events tail --follow` starts at the end of the log and prints the next event as it lands."""
+    """`events tail --follow` starts at the end of the log and prints the next event as it lands
+    (B2: its long-poll answers as soon as there is one)."""
     before = cli.ok_json("events", "list", "--tenant", "root", "--limit", "1000")["next"]
-    follow = ("--follow", "--max", "1", "--interval", "0.1")
+    follow = ("--follow", "--max", "1")
     tail = subprocess.Popen(
         [str(CLI), "--json", "events", "tail", "--tenant", "root", *follow],
         env=cli.env,

@@ -16,7 +16,7 @@ from shared.client import ControlPlane
 from shared.inventory import Inventory
 from tests.daemons import Daemon
 from tests.nodes import twin
-from tests.test_cli import Cli, root_cli
+from tests.test_cli import Cli, root_cli, table_id
 
 MACHINES = itertools.count(10)  # each joined host its own machine id, hostname and GPU UUIDs
 
@@ -79,8 +79,9 @@ def ready_node(cli: Cli, unhealthy: int = 0) -> tuple[str, str]:
     return pool_id, join(cli, pool_id, host(unhealthy))
 
 
-def lines_with(out: str, text: str) -> list[str]:
-    return [line for line in out.splitlines() if text in line]
+def node_lines(out: str, node: str) -> list[str]:
+    """The table's lines for the node (M4: a table shows its id's tail)."""
+    return [line for line in out.splitlines() if table_id(node) in line]
 
 
 def events(cli: Cli, kind: str) -> list[Any]:
@@ -102,7 +103,7 @@ def test_cordon_and_uncordon_are_idempotent(cli: Cli) -> None:
     again = cli.ok_json("nodes", "cordon", node, "--tenant", "root", "--reason", "swap PSU")
     assert again["cordon"] == first["cordon"]  # unchanged, down to `at`
     assert len(events(cli, "node.cordoned")) == 1
-    (row,) = lines_with(cli("nodes", "list", "--tenant", "root").out, node)
+    (row,) = node_lines(cli("nodes", "list", "--tenant", "root").out, node)
     assert row.split()[-3:] == ["cordoned:", "swap", "PSU"] and " ready " in row
 
     shown = cli("nodes", "uncordon", node, "--tenant", "root").out
@@ -110,7 +111,7 @@ def test_cordon_and_uncordon_are_idempotent(cli: Cli) -> None:
     view = cli.ok_json("nodes", "uncordon", node, "--tenant", "root")
     assert view["schedulable"] is True and view["cordon"] is None
     assert len(events(cli, "node.uncordoned")) == 1
-    (row,) = lines_with(cli("nodes", "list", "--tenant", "root").out, node)
+    (row,) = node_lines(cli("nodes", "list", "--tenant", "root").out, node)
     assert row.split()[-1] == "-"  # no reason left
 
 
@@ -126,7 +127,7 @@ def test_drain_waits_for_bookings_then_is_drained(cli: Cli) -> None:
     assert seconds(view["drain"]["startedAt"], view["drain"]["deadline"]) == 7200
     assert cli.ok_json(*drain, "--deadline", "90s")["drain"] == view["drain"]  # idempotent
     assert len(events(cli, "node.draining")) == 1
-    (row,) = lines_with(cli("nodes", "list", pool_id, "--tenant", "root").out, node)
+    (row,) = node_lines(cli("nodes", "list", pool_id, "--tenant", "root").out, node)
     assert row.split()[-2:] == ["draining:", "firmware"]
     assert "drain:           draining: firmware (since " in cli(*drain).out
 
@@ -137,7 +138,7 @@ def test_drain_waits_for_bookings_then_is_drained(cli: Cli) -> None:
             break
         time.sleep(0.1)
     assert shown["drain"]["state"] == "drained" and len(events(cli, "node.drained")) == 1
-    (row,) = lines_with(cli("nodes", "list", "--tenant", "root").out, node)
+    (row,) = node_lines(cli("nodes", "list", "--tenant", "root").out, node)
     assert row.split()[-2:] == ["drained:", "firmware"]
     assert cli.ok_json("nodes", "uncordon", node, "--tenant", "root")["drain"] is None
 
@@ -177,7 +178,7 @@ def test_remove_is_refused_while_booked_unless_forced(cli: Cli) -> None:
     assert ended["state"] == "ended" and ended["reason"] == "NodeRemoved"
     assert cli.ok_json("nodes", "remove", node, "--tenant", "root") == {"removed": True}
     assert cli("nodes", "get", node, "--tenant", "root", code=1).err.startswith("error: NOT_FOUND")
-    assert node not in cli("nodes", "list", pool_id, "--tenant", "root").out
+    assert table_id(node) not in cli("nodes", "list", pool_id, "--tenant", "root").out
     assert [e["data"]["nodeId"] for e in events(cli, "node.removed")] == [node]
 
 
@@ -199,14 +200,14 @@ def test_fleet_list_across_two_pools(cli: Cli) -> None:
 
     out = cli("nodes", "list", "--tenant", "root", "--page-size", "1").out.splitlines()
     assert out[0].split() == ["ID", "POOL", "HOSTNAME", "STATE", "GPUS", "REASON"]
-    assert sorted(line.split()[0] for line in out[1:]) == sorted([a, b, c])
-    by_id = {line.split()[0]: line.split() for line in out[1:]}
-    assert by_id[a][1:5] == [f"…{first[-8:]}", by_id[a][2], "ready", "8x"]  # the pool's tail
-    assert by_id[a][2] != by_id[b][2] and by_id[a][5:] == ["H100", "-"]
-    assert by_id[b][1] == f"…{second[-8:]}" and by_id[b][3:] == [
+    assert sorted(line.split()[0] for line in out[1:]) == sorted(map(table_id, [a, b, c]))
+    row = {node: line.split() for node in (a, b, c) for line in node_lines("\n".join(out), node)}
+    assert row[a][1:5] == [table_id(first), row[a][2], "ready", "8x"]  # the pool's tail
+    assert row[a][2] != row[b][2] and row[a][5:] == ["H100", "-"]
+    assert row[b][1] == table_id(second) and row[b][3:] == [
         "ready", "8x", "H100", "(1", "unhealthy)", "-",
     ]  # fmt: skip
-    assert by_id[c][3] == "configuring" and by_id[c][-1].endswith("…")  # H1's reason, cut
+    assert row[c][3] == "configuring" and row[c][-1].endswith("…")  # H1's reason, cut
 
     every = cli.ok_json("nodes", "list", "--tenant", "root", "--page-size", "2")
     assert sorted(n["id"] for n in every["items"]) == sorted([a, b, c]) and every["next"] is None
@@ -218,7 +219,7 @@ def test_fleet_list_across_two_pools(cli: Cli) -> None:
 
     one = cli("nodes", "list", second, "--tenant", "root").out.splitlines()
     assert one[0].split() == ["ID", "HOSTNAME", "STATE", "GPUS", "REASON"]
-    assert sorted(line.split()[0] for line in one[1:]) == sorted([b, c])
+    assert sorted(line.split()[0] for line in one[1:]) == sorted(map(table_id, [b, c]))
     cli("nodes", "list", "--tenant", "root", "--state", "gone", code=2)
 
 

@@ -1,10 +1,23 @@
-"""Pool-policy validators as pure functions (P6, P8, U3) and the MIG profile facts they use."""
+"""Pool-policy validators as pure functions (P6, P8, U3) and the MIG profile facts they use;
+the warnings of P9 (policy fields the code does not read), pure and as the API answers them."""
 
+import json
+import re
+
+import msgspec
 import pytest
 
 from shared.errors import InvalidInput, InvalidState
 from shared.mig import layout_fits, profiles_for
-from shared.policy import POOL_POLICY_VALIDATORS, PolicyContext, PolicyViolation, validate_policy
+from shared.policy import (
+    POOL_POLICY_VALIDATORS,
+    Policy,
+    PolicyContext,
+    PolicyViolation,
+    validate_policy,
+)
+from shared.policy.model import policy_warnings
+from tests.conftest import Api
 
 
 def check(policy: dict[str, object], **pool: object) -> None:
@@ -145,3 +158,100 @@ def test_p8_registered_attestors_are_accepted() -> None:
 def test_vps_host_may_overcommit_disk() -> None:
     """N3: diskGiB is a resource of vps-host pools, so its ratio is accepted there."""
     check({"overcommit": {"diskGiB": 1.5, "vcpu": 4}}, pool_class="vps-host", gpu_model=None)
+
+
+# --- policy feedback: fields the code does not read (P9) -----------------------------------
+
+EVERY_FIELD = {
+    "acceptance": [{"kind": "diag.nvml"}],
+    "maxPending": "6h",
+    "overcommit": {"vcpu": 2, "memoryGiB": 1.5, "diskGiB": 1},
+    "hostReserve": {"vcpu": 8, "memoryGiB": 64},
+    "hugepages": {"2Mi": 1024, "1Gi": 4},
+    "kernelModules": {"load": ["vfio_pci"], "blacklist": ["nouveau"], "options": {"a": "b=1"}},
+    "cpu": {"governor": "performance", "isolate": "2-7"},
+    "iommu": {"mode": "passthrough"},
+    "gpu": {"persistenceMode": True, "computeMode": "default", "powerLimitW": 300},
+    "kubernetes": {"apiServer": "https://k8s.example/", "token": "x", "caCertHash": "y"},
+    "platformOperated": True,
+    "replicas": 4,
+    "migLayout": {"default": ["3g.40gb"]},
+    "prewarmImages": ["busybox:1.36"],
+    "singleTenant": False,
+    "joinAttestors": ["join-token"],
+    "admission": {"budgetCheck": "meter"},
+}
+
+
+def test_p9_a_policy_of_known_fields_warns_of_nothing() -> None:
+    """P9: every field of DESIGN §5, at every level, is one the code reads: no warnings."""
+    assert policy_warnings(EVERY_FIELD) == []
+    assert policy_warnings({}) == []
+
+
+def test_p9_an_unknown_field_is_named_with_the_closest_known_one() -> None:
+    """P9: a top-level typo is named with its path and the known name difflib finds closest;
+    a field close to none is named alone."""
+    assert policy_warnings({"hugepage": {"2Mi": 4}, "team": "research"}) == [
+        "policy.hugepage: not a field the code reads; did you mean hugepages?",
+        "policy.team: not a field the code reads",
+    ]
+
+
+def test_p9_unknown_fields_are_found_at_every_level_of_the_model() -> None:
+    """P9: inside objects, lists of objects and maps the path goes down the typed model, and
+    the suggestion is a known name of that level (as written in JSON: 2Mi)."""
+    policy = {
+        "hugepages": {"2mi": 4},
+        "acceptance": [{"kind": "diag.nvml"}, {"knd": "diag.nvml"}],
+        "kubernetes": {"apiserver": "https://k8s.example/"},
+        "migLayout": {"default": ["3g.40gb"]},  # map keys are values, never fields
+    }
+    assert policy_warnings(policy) == [
+        "policy.hugepages.2mi: not a field the code reads; did you mean 2Mi?",
+        "policy.acceptance.1.knd: not a field the code reads; did you mean kind?",
+        "policy.kubernetes.apiserver: not a field the code reads; did you mean apiServer?",
+    ]
+
+
+async def test_p9_create_and_update_warn_of_fields_nothing_reads(api: Api) -> None:
+    """P9: pools/create and pools/update name the policy fields the code does not read in
+    `warnings`, with the closest known name, and store them as given; pools/get has none."""
+    site = await api.site()
+    policy = {"hugepage": {"2Mi": 4}, "maxPending": "30m"}
+    pool = await api.pool(site, policy=policy)
+    assert pool["warnings"] == [
+        "policy.hugepage: not a field the code reads; did you mean hugepages?"
+    ]
+    got = await api.ok("compute/pools/get", {"tenantId": "root", "poolId": pool["id"]})
+    assert got["policy"] == policy and "warnings" not in got
+    body = {"tenantId": "root", "poolId": pool["id"], "policy": {"maxPendng": "1h"}}
+    updated = await api.ok("compute/pools/update", body)
+    assert updated["policy"] == {"maxPendng": "1h"}
+    assert updated["warnings"] == [
+        "policy.maxPendng: not a field the code reads; did you mean maxPending?"
+    ]
+    clean = await api.ok("compute/pools/update", {**body, "policy": {"maxPending": "1h"}})
+    assert clean["warnings"] == []
+
+
+async def test_p9_openapi_publishes_the_policy_model_open_to_unknown_fields(api: Api) -> None:
+    """P9, DESIGN §5: components.schemas.PoolPolicy is the typed policy model (its parts
+    closed, its top level open to unknown fields); create's and update's policy refer to it;
+    every $ref of the document resolves."""
+    document = await (await api.client.get("/api/openapi.json")).json()
+    schemas = document["components"]["schemas"]
+    policy = schemas["PoolPolicy"]
+    assert set(policy["properties"]) == {f.encode_name for f in msgspec.structs.fields(Policy)}
+    assert policy["additionalProperties"] is True
+    assert policy["properties"]["hugepages"] == {"$ref": "#/components/schemas/PoolPolicyHugepages"}
+    hugepages = schemas["PoolPolicyHugepages"]
+    assert set(hugepages["properties"]) == {"2Mi", "1Gi"}
+    assert hugepages["additionalProperties"] is False
+    for request in ("PoolsCreate", "PoolsUpdate"):
+        field = schemas[request]["properties"]["policy"]
+        assert field["type"] == "object"
+        assert field["allOf"] == [{"$ref": "#/components/schemas/PoolPolicy"}]
+    assert schemas["PoolView"]["properties"]["warnings"]["items"] == {"type": "string"}
+    refs = re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(document))
+    assert refs and set(refs) <= set(schemas)

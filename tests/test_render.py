@@ -1,7 +1,9 @@
 """The NodeSpec renderer: golden renders of recorded hosts, determinism, refusals, U3.
 
-Golden files in tests/golden/ are the reviewable text of each render. When a
-render changes on purpose, regenerate them and review the diff:
+Golden files in tests/golden/ are the reviewable text of each render, and of the
+plan `better-compute-agent render` prints for it (units in apply order, with the
+files and commands each runs) against a host that has none of the files yet. When
+a render or the plan changes on purpose, regenerate them and review the diff:
 
     python -m tests.test_render
 
@@ -21,6 +23,7 @@ import msgspec
 import pytest
 
 from agent.inventory import collect_inventory
+from agent.plan import Host, describe, for_people
 from shared.inventory import Cpu, Inventory
 from shared.mig import VARIANTS
 from shared.nodespec import NodeSpecUnits, RenderRefused
@@ -33,6 +36,7 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 RECORDED = ("dgx-h100-01", "hgx-h200-01", "dgx-a100-02", "l40s-node-03", "ws-rtx4090", "vps-cpu-01")
 A100_GPU4 = "GPU-d81497cc-a8c5-4a09-6bba-c647d8788415"  # MIG on: 3g.40gb, 2g.20gb, 1g.10gb ×2
 A100_GPU5 = "GPU-62bda8cc-919d-7ce3-272e-7b8aa5da5524"  # MIG on: 1g.10gb ×7
+BOOTED = ("BOOT_IMAGE=/vmlinuz", "ro", "quiet")  # the golden plans' /proc/cmdline
 KUBERNETES = {
     "apiServer": "https://k8s.gpu.example.net/",
     "token": "abcdef.0123456789abcdef",
@@ -159,6 +163,9 @@ def golden_text(case: Case) -> str:
             lines += [f"  | {line}".rstrip() for line in unit.content.splitlines()]
         elif unit.content:
             lines.append(f"content: {unit.content}")
+    plan = describe(spec, Host(root="/", cmdline=BOOTED, inventory=host(case.host)))
+    lines += ["", f"== the plan, on a host without these files booted with: {' '.join(BOOTED)} =="]
+    lines += for_people(plan).splitlines()
     return "\n".join(lines) + "\n"
 
 

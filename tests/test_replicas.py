@@ -142,6 +142,36 @@ async def test_b5_rules_hold_across_replicas(replicas: list[Daemon], postgres_ur
         assert time.monotonic() - revoked < 2.0
 
 
+async def test_b2_b6_a_commit_on_one_replica_wakes_and_refreshes_the_other(
+    replicas: list[Daemon],
+) -> None:
+    """B2: a long-poll on one replica is woken by an event committed on the other (NOTIFY);
+    B6: the other's cached pools/get is dropped by that commit (the shared generation)."""
+    first, second = replicas
+    async with aiohttp.ClientSession() as session:
+        pool = await root_pool(session, first, gpuModel="H100")
+        get = {"tenantId": "root", "poolId": pool["id"]}
+        for _ in range(2):  # the second answer comes from the second replica's cache
+            shown = await call(session, second.url, "compute/pools/get", second.token, get)
+            assert shown["version"] == 1
+        listing = {"tenantId": "root", "limit": 1000}
+        after = (await call(session, second.url, "compute/events/list", second.token, listing))[
+            "next"
+        ]
+        body = {"tenantId": "root", "after": after, "waitSeconds": 30}
+        waiting = asyncio.create_task(
+            call(session, second.url, "compute/events/list", second.token, body)
+        )
+        await asyncio.sleep(0.3)
+        assert not waiting.done()
+        update = {**get, "gpuModel": "H200"}
+        await call(session, first.url, "compute/pools/update", first.token, update)
+        answer = await asyncio.wait_for(waiting, 10)
+        assert [e["type"] for e in answer["items"]] == ["pool.updated"]
+        shown = await call(session, second.url, "compute/pools/get", second.token, get)
+        assert shown["version"] == 2
+
+
 def test_b3_a_password_on_the_command_line_is_refused(tmp_path: Path) -> None:
     """B3: a postgresql:// URL with a password in it is refused before anything connects
     (it would show in ps and in logs); PGPASSWORD or ~/.pgpass carry it."""

@@ -1,6 +1,6 @@
 """IAM methods: tenants and credentials."""
 
-from controlplane.api.method import Method, Write, write
+from controlplane.api.method import Method, Write, read, write
 from controlplane.services import iam
 from controlplane.services.access import Access
 from shared import schemas as s
@@ -45,5 +45,13 @@ METHODS = (
         ),
         "Revoke a credential.",
         Access("iam:credentials:revoke", "tenant"),
+    ),
+    Method(
+        "/api/iam/credentials/whoami",
+        s.CredentialsWhoami,
+        s.CallerView,
+        read(iam.whoami),
+        "Who the calling credential is: its tenant and id, whether root's, whether admin.",
+        Access("iam:credentials:read", "own-credential"),
     ),
 )

@@ -21,11 +21,26 @@ Auth = Literal["credential", "node", "none"]
 
 
 @dataclass(frozen=True)
+class LongPoll:
+    """B2: a read that, answering nothing new, waits up to ``seconds(body)`` for a commit and
+    reads again from ``resume(body, answer)`` (None: the answer has something, send it)."""
+
+    seconds: Callable[[Any], float]
+    resume: Callable[[Any, Any], Any | None]
+
+
+@dataclass(frozen=True)
 class Read:
-    """A read: runs on the event loop, on the reader connection, inside one read transaction
-    that also authenticates the caller, so a pool and its quota rows come from one write."""
+    """A read, inside one read transaction that also authenticates the caller, so a pool and
+    its quota rows come from one write. Short reads run on the event loop's reader; an
+    ``offload`` one (a list, whose cost grows with the fleet) on a reader thread (B6). A
+    ``cached`` one's encoded answer is kept per credential and body while the store's
+    generation stands: it must depend on nothing but the database (not node liveness)."""
 
     fn: Callable[[Database, Caller, Any, Runtime], msgspec.Struct]
+    offload: bool = False
+    cached: bool = False
+    long_poll: LongPoll | None = None
 
 
 @dataclass(frozen=True)
@@ -56,9 +71,15 @@ class Method:
         return self.path.removeprefix("/api/").replace("/", ".")
 
 
-def read(fn: Callable[[Database, Principal, Any], msgspec.Struct]) -> Read:
+def read(
+    fn: Callable[[Database, Principal, Any], msgspec.Struct],
+    *,
+    offload: bool = False,
+    cached: bool = False,
+    long_poll: LongPoll | None = None,
+) -> Read:
     """A read service ``fn(db, principal, body)``."""
-    return Read(lambda db, principal, body, _: fn(db, principal, body))
+    return Read(lambda db, principal, body, _: fn(db, principal, body), offload, cached, long_poll)
 
 
 def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> Write:

@@ -42,8 +42,12 @@ METHODS = (
         "/api/compute/nodes/list",
         s.NodesList,
         s.NodeList,
-        Read(lambda db, principal, body, rt: nodes.list_nodes(db, principal, rt.liveness, body)),
-        "A pool's nodes, or without poolId the fleet's (every pool the tenant owns), a page at a time (owner only).",
+        Read(
+            lambda db, principal, body, rt: nodes.list_nodes(db, principal, rt.liveness, body),
+            offload=True,
+        ),
+        "A pool's nodes, or without poolId the fleet's (every pool the tenant owns), by id, a "
+        "page at a time (owner only; B1: limit, default 100, and cursor; next is null at the end).",
         Access("compute:nodes:read", "owned-pools"),
     ),
     Method(

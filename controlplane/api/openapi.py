@@ -6,9 +6,16 @@ from typing import Any
 import msgspec
 
 from controlplane.api.method import Method
+from shared.policy import Policy
 from shared.schemas import ErrorBody
 
 REF = "#/components/schemas/{name}"
+# The typed policy model (DESIGN §5) as JSON Schema; its parts are named PoolPolicy<Part>.
+POLICY = "PoolPolicy"
+POLICY_NOTE = (
+    f"The pool policy. The fields the code reads are {POLICY}'s; any other field is stored and"
+    " returned as given (P9), and the answer names it in `warnings`."
+)
 # JSON Schema counts 87.0 as an integer; the server does not (msgspec refuses a float for an
 # int field), so every integer schema says so in words.
 INTEGER_NOTE = "A JSON integer, written without a fraction or an exponent: 87, not 87.0 or 8.7e1."
@@ -35,12 +42,31 @@ def _note_integers(node: Any) -> None:
             _note_integers(value)
 
 
+def _policy_components() -> dict[str, Any]:
+    """PoolPolicy and its parts; open to unknown fields at its top level, as the server is (P9)."""
+    _, parts = msgspec.json.schema_components(
+        [Policy], ref_template=REF.format(name=POLICY + "{name}")
+    )
+    named = {POLICY if n == Policy.__name__ else POLICY + n: part for n, part in parts.items()}
+    named[POLICY]["additionalProperties"] = True
+    return named
+
+
 def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
     structs = sorted(
         {m.request for m in methods} | {m.answer for m in methods} | {ErrorBody},
         key=lambda t: t.__name__,
     )
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
+    components.update(_policy_components())
+    for method in methods:  # pools/create and pools/update
+        properties = components[method.request.__name__].get("properties", {})
+        if "policy" in properties:
+            properties["policy"] = {
+                "type": "object",
+                "description": POLICY_NOTE,
+                "allOf": [{"$ref": REF.format(name=POLICY)}],
+            }
     _note_integers(components)
     error = {
         "description": "An error: code, message, details (details.field for INVALID_INPUT).",

@@ -1,7 +1,7 @@
 """Quota, capacity and event methods."""
 
-from controlplane.api.method import Method, read, write
-from controlplane.services import events, offers, pools
+from controlplane.api.method import LongPoll, Method, read, write
+from controlplane.services import events, offers, pools, quotas
 from controlplane.services.access import Access
 from shared import schemas as s
 
@@ -9,7 +9,7 @@ METHODS = (
     Method(
         "/api/compute/quotas/set",
         s.QuotasSet,
-        s.QuotaList,
+        s.QuotaRows,
         write(offers.set_quota),
         "Set a tenant's quota rows on a pool (owner acting).",
         Access("compute:quotas:manage", "owned-pool"),
@@ -18,8 +18,9 @@ METHODS = (
         "/api/compute/quotas/list",
         s.QuotasList,
         s.QuotaList,
-        read(offers.list_quotas),
-        "The caller tenant's quota rows.",
+        read(quotas.list_quotas, offload=True, cached=True),
+        "The caller tenant's quota rows by pool and resource, a page at a time (B1: limit, "
+        "default 100, and cursor; next is null at the end).",
         Access("compute:quotas:read", "tenant", items=True),
     ),
     Method(
@@ -34,8 +35,13 @@ METHODS = (
         "/api/compute/events/list",
         s.EventsList,
         s.EventList,
-        read(events.list_events),
-        "Events after a cursor, oldest first.",
+        read(
+            events.list_events,
+            offload=True,
+            long_poll=LongPoll(lambda req: req.wait_seconds, events.resume_after),
+        ),
+        "Events after a position (after, or cursor), oldest first, at most limit (default 100; "
+        "B1); next is the position after the last event read, never null: after=next continues.",
         Access("compute:events:read", "tenant", items=True),
     ),
 )

@@ -18,8 +18,9 @@ METHODS = (
         "/api/compute/sites/list",
         s.SitesList,
         s.SiteList,
-        read(sites.list_sites),
-        "The tenant's sites.",
+        read(sites.list_sites, offload=True, cached=True),
+        "The tenant's sites by id, a page at a time (B1: limit, default 100, and cursor; next "
+        "is null at the end).",
         Access("compute:sites:read", "tenant"),
     ),
 )

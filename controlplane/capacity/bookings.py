@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from controlplane.capacity.meters import gpu_equivalents, meter_of
+from controlplane.metrics import NOT_PLACED, PLACE_FAILED, PLACED
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
@@ -95,9 +96,11 @@ def place(db: Database, row: ReservationRow, pool: PoolRow) -> bool:
         else:
             candidates = res_sql.ready_nodes(db, pool.id, PLACE_CANDIDATES, after)
         if not candidates:
+            NOT_PLACED.inc()
             return False
         for node_id in candidates:
             if _book_on(db, row, pool, node_id, atom, wanted_atoms, rows_asked):
+                PLACED.inc()
                 return True
         after = candidates[-1]
 
@@ -174,8 +177,10 @@ def retry_pending(db: Database, row: ReservationRow, at: str) -> bool:
     if pool.archived_at is not None or not offered or row.reason == "PoolGone":
         message = "the pool is archived" if pool.archived_at else "the pool is no longer offered"
         finish(db, row, "failed", "PoolGone", message)
+        PLACE_FAILED.inc()
         return True
     if row.expires_at and row.expires_at <= at:
         finish(db, row, "failed", "Expired", "not placed within the pool's maxPending")
+        PLACE_FAILED.inc()
         return True
     return place(db, row, pool)

@@ -1,17 +1,21 @@
 """better-compute: the operator and tenant CLI, one command per HTTP API method.
 
 Connection comes from flags, then the environment, then a profile in
-$XDG_CONFIG_HOME/better-compute/config.toml (see `resolve`). Tables are for
-people; `--json` prints the API's answer as it came, for scripts.
+$XDG_CONFIG_HOME/better-compute/config.toml (see `resolve`). Output is `-o` (M4): tables for
+people (`table` fits 100 columns, `wide` has every id whole and nothing cut), `json` (the
+API's answer as it came; `--json` is the same) or `yaml`, for scripts. Lists read every page
+(B1); `--watch` prints again whenever an event lands (a long-poll of the event log, B2).
 """
 
 import json
 import os
+import ssl
+import sys
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, get_args
 
 import click
 import msgspec
@@ -20,11 +24,25 @@ from shared.client import ControlPlane, Refused, Unreachable
 
 EPILOG = """\b
 Connection: --url/BETTER_COMPUTE_URL, and --token-file/BETTER_COMPUTE_TOKEN_FILE or
---token/BETTER_COMPUTE_TOKEN, or --profile NAME from
-~/.config/better-compute/config.toml ([profiles.NAME] url, token_file, tenant).
+--token/BETTER_COMPUTE_TOKEN, and --ca-file/BETTER_COMPUTE_CA_FILE for a control plane
+whose certificate a private CA signed; or --profile NAME from
+~/.config/better-compute/config.toml ([profiles.NAME] url, token_file, ca_file, tenant).
+--tenant defaults to BETTER_COMPUTE_TENANT, then to the profile's tenant.
+
+\b
+Exit status: 0 done; 1 refused by the control plane (its error code on stderr);
+2 a usage error; 3 the control plane could not be reached (connection refused,
+a TLS failure, a timeout, a 5xx answer).
+
+\b
 Shell completion (bash, zsh, fish):
   eval "$(_BETTER_COMPUTE_COMPLETE=bash_source better-compute)"
 """
+
+REFUSED, USAGE, UNREACHABLE = 1, 2, 3  # exit statuses, as the epilog gives them
+TIMEOUT = 10.0  # seconds an answer may take (plus the wait of a long-poll)
+WAIT_SECONDS = 30  # how long one long-poll of the event log waits for an event (B2: 0…60)
+Output = Literal["table", "wide", "json", "yaml"]
 
 
 # --- connection settings -------------------------------------------------------
@@ -34,8 +52,9 @@ Shell completion (bash, zsh, fish):
 class Settings:
     url: str | None
     token: str | None
-    tenant: str | None  # a profile's default for --tenant
-    as_json: bool
+    ca_file: str | None  # the CA certificates an https control plane is verified against (M3)
+    tenant: str | None  # the default for --tenant: BETTER_COMPUTE_TENANT, else the profile's
+    output: Output
 
 
 def config_path(environ: Mapping[str, str]) -> Path:
@@ -47,8 +66,9 @@ def resolve(
     url: str | None,
     token: str | None,
     token_file: str | None,
+    ca_file: str | None,
     profile: str | None,
-    as_json: bool,
+    output: Output,
     environ: Mapping[str, str],
 ) -> Settings:
     """The one place the environment is read: flags win, then variables, then the profile."""
@@ -56,6 +76,7 @@ def resolve(
     url = url or environ.get("BETTER_COMPUTE_URL") or None
     token = token or environ.get("BETTER_COMPUTE_TOKEN") or None
     token_file = token_file or environ.get("BETTER_COMPUTE_TOKEN_FILE") or None
+    ca_file = ca_file or environ.get("BETTER_COMPUTE_CA_FILE") or None
     profile = profile or environ.get("BETTER_COMPUTE_PROFILE") or None
     values: dict[str, Any] = {}
     path = config_path(environ)
@@ -63,16 +84,17 @@ def resolve(
         try:
             profiles = tomllib.loads(path.read_text()).get("profiles", {})
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            fail(f"cannot read {path}: {exc}")
+            fail(f"cannot read {path}: {exc}", USAGE)
         # Without --profile, a profile named "default" applies when there is one.
         name = profile or "default"
         if name not in profiles and profile is not None:
-            fail(f"no profile {name!r} in {path}")
+            fail(f"no profile {name!r} in {path}", USAGE)
         values = profiles.get(name, {})
-        for key in ("url", "token", "token_file", "tenant"):
+        for key in ("url", "token", "token_file", "ca_file", "tenant"):
             if key in values and not isinstance(values[key], str):
-                fail(f"profile {name!r} in {path}: {key} must be a string")
+                fail(f"profile {name!r} in {path}: {key} must be a string", USAGE)
     url = url or values.get("url")
+    ca_file = ca_file or values.get("ca_file")
     if token is None and token_file is None and "token" not in values:
         token_file = values.get("token_file")
     token = token or values.get("token")
@@ -80,27 +102,41 @@ def resolve(
         try:
             token = Path(token_file).expanduser().read_text().strip()
         except OSError as exc:
-            fail(f"cannot read the token file: {exc}")
-    return Settings(url, token, values.get("tenant"), as_json)
+            fail(f"cannot read the token file: {exc}", USAGE)
+    if ca_file is not None:
+        ca_file = str(Path(ca_file).expanduser())
+    tenant = environ.get("BETTER_COMPUTE_TENANT") or values.get("tenant")
+    return Settings(url, token, ca_file, tenant, output)
+
+
+def settings() -> Settings:
+    """The connection and output settings of this invocation (the root group's `resolve`)."""
+    found: Settings = click.get_current_context().find_object(Settings)  # type: ignore[assignment]
+    return found
 
 
 # --- calling and printing ------------------------------------------------------
 
 
-def fail(message: str) -> NoReturn:
+def fail(message: str, code: int) -> NoReturn:
     click.echo(f"error: {message}", err=True)
-    raise click.exceptions.Exit(1)
+    raise click.exceptions.Exit(code)
 
 
-def call(path: str, body: dict[str, Any], nulls: tuple[str, ...] = ()) -> Any:
-    """One API call; an error becomes one line on stderr and exit status 1, never a traceback."""
-    settings: Settings = click.get_current_context().find_object(Settings)  # type: ignore[assignment]
-    if not settings.url:
-        fail("no control plane URL: pass --url, set BETTER_COMPUTE_URL or use --profile")
+def call(path: str, body: dict[str, Any], nulls: tuple[str, ...] = (), wait: float = 0) -> Any:
+    """One API call; an error becomes one line on stderr and its exit status (1 refused, 3 not
+    reached), never a traceback. `wait`: the seconds a long-poll may wait for its answer."""
+    given = settings()
+    if not given.url:
+        fail("no control plane URL: pass --url, set BETTER_COMPUTE_URL or use --profile", USAGE)
     try:
-        client = ControlPlane(settings.url, token=settings.token)
+        client = ControlPlane(
+            given.url, timeout=TIMEOUT + wait, token=given.token, ca_file=given.ca_file
+        )
     except ValueError as exc:
-        fail(str(exc))
+        fail(str(exc), USAGE)
+    except OSError as exc:  # the CA file: missing, unreadable or not PEM certificates
+        fail(f"cannot load the CA file {given.ca_file}: {exc}", USAGE)
     # Options not given are left out rather than sent as null or empty, except `nulls`
     # (fields where null means something, such as a budget with no limit).
     body = {k: v for k, v in body.items() if k in nulls or (v is not None and v not in ((), []))}
@@ -108,17 +144,92 @@ def call(path: str, body: dict[str, Any], nulls: tuple[str, ...] = ()) -> Any:
         with client:
             return client.call(path, body)
     except Refused as exc:
-        fail(str(exc))
+        fail(str(exc), REFUSED)
     except Unreachable as exc:
-        fail(f"cannot reach the control plane: {exc}")
+        hint = (
+            " (give the CA that signed its certificate with --ca-file)"
+            if isinstance(exc.__cause__, ssl.SSLCertVerificationError)
+            else ""
+        )
+        fail(f"cannot reach the control plane: {exc}{hint}", UNREACHABLE)
+
+
+def every(path: str, body: dict[str, Any], page_size: int | None) -> dict[str, Any]:
+    """A list method's items from every page (B1): `limit` is `page_size` (None: the control
+    plane's own page) and `cursor` the `next` of the page before, until `next` is null or
+    absent. The answer has the list's shape: every item, and `next` null."""
+    found: list[Any] = []
+    cursor = None
+    while True:
+        answer = call(path, {**body, "limit": page_size, "cursor": cursor})
+        found += answer["items"]
+        cursor = answer.get("next")
+        if cursor is None:
+            return {"items": found, "next": None}
 
 
 def emit(answer: Any, render: Callable[[Any], None]) -> None:
-    settings: Settings = click.get_current_context().find_object(Settings)  # type: ignore[assignment]
-    if settings.as_json:
+    """The answer as -o asks: `render` draws the table (table and wide), or it is printed
+    whole as JSON or YAML."""
+    output = settings().output
+    if output == "json":
         click.echo(msgspec.json.format(msgspec.json.encode(answer), indent=2))
+    elif output == "yaml":
+        click.echo(msgspec.yaml.encode(answer), nl=False)
     else:
         render(answer)
+
+
+def end_of_log(tenant_id: str, types: tuple[str, ...] = ()) -> int:
+    """The seq of the last event the tenant sees now: following starts after it, as `tail -f`
+    does."""
+    after = 0
+    while True:
+        body = {"tenantId": tenant_id, "after": after, "limit": 1000, "types": list(types)}
+        answer = call("compute/events/list", body)
+        if not answer["items"]:
+            return int(answer["next"])
+        after = answer["next"]
+
+
+def next_events(tenant_id: str, after: int, limit: int, types: tuple[str, ...] = ()) -> Any:
+    """events/list after `after`, waiting up to WAIT_SECONDS for one to land (B2's long-poll):
+    the answer comes as soon as there is an event, or empty once the wait is over."""
+    body = {
+        "tenantId": tenant_id,
+        "after": after,
+        "limit": limit,
+        "types": list(types),
+        "waitSeconds": WAIT_SECONDS,
+    }
+    return call("compute/events/list", body, wait=WAIT_SECONDS)
+
+
+def shown(
+    fetch: Callable[[], Any], render: Callable[[Any], None], watch: bool, tenant: str
+) -> None:
+    """emit(fetch(), render); with `watch`, fetched and printed again each time an event the
+    tenant sees lands (M4: driven by the event log's long-poll, not a timer), until Ctrl-C. On
+    a terminal each print replaces the last; into a pipe they follow one another (YAML
+    documents separated by `---`)."""
+    if not watch:
+        emit(fetch(), render)
+        return
+    try:
+        after = end_of_log(tenant)  # before the first fetch: a change after it is not missed
+        emit(fetch(), render)
+        while True:
+            answer = next_events(tenant, after, 1000)
+            after = answer["next"]
+            if not answer["items"]:
+                continue
+            if sys.stdout.isatty():
+                click.clear()
+            else:
+                click.echo("---" if settings().output == "yaml" else "")
+            emit(fetch(), render)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C is how a person stops watching: not an error
 
 
 WIDTH = 100  # tables aim to fit a terminal this wide
@@ -127,12 +238,12 @@ FIT_MIN = 20  # ...but a cut column keeps this much, even when the line runs lon
 
 def table(headers: list[str] | None, rows: list[list[Any]], fit: int | None = None) -> None:
     """Aligned columns; `fit` names a free-text column cut short (ending in …) so that a line
-    stays within WIDTH when it can: the whole text is in `--json`."""
+    stays within WIDTH when it can: the whole text is in `-o wide` and `-o json`."""
     body = [[("-" if v is None else str(v)) for v in row] for row in rows]
     cells = body if headers is None else [headers, *body]
     widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))] if cells else []
     over = sum(widths) + 2 * (len(widths) - 1) - WIDTH
-    if fit is not None and over > 0:
+    if fit is not None and over > 0 and settings().output != "wide":
         keep = max(widths[fit] - over, len(headers[fit]) if headers else 0, FIT_MIN)
         for row in body:
             if len(row[fit]) > keep:
@@ -151,8 +262,12 @@ def fields(keys: list[str]) -> Callable[[Any], None]:
     return render
 
 
-def items(headers: list[str], row: Callable[[Any], list[Any]]) -> Callable[[Any], None]:
-    return lambda answer: table(headers, [row(item) for item in answer["items"]])
+def items(
+    headers: list[str], row: Callable[[Any], list[Any]], fit: str | None = None
+) -> Callable[[Any], None]:
+    """A list's items as a table, one `row` each; `fit` names the column cut to fit."""
+    column = None if fit is None else headers.index(fit)
+    return lambda answer: table(headers, [row(item) for item in answer["items"]], fit=column)
 
 
 def short_id(value: str | None) -> str | None:
@@ -161,6 +276,13 @@ def short_id(value: str | None) -> str | None:
     if value is None or len(value) <= 16:
         return value
     return f"…{value[-8:]}"
+
+
+def id_cell(value: str | None) -> str | None:
+    """An id in a table's column (a row's own or one it refers to): its tail in `-o table`, so
+    that a line fits WIDTH even with 57-character derived ids; whole in `-o wide` (and in
+    json and yaml, and in a single object's `key: value` lines, which have the room)."""
+    return value if settings().output == "wide" else short_id(value)
 
 
 def short(value: Any) -> Any:
@@ -234,15 +356,28 @@ def as_dict(pairs: tuple[tuple[str, int], ...]) -> dict[str, int] | None:
 
 
 def tenant_option(f: Callable[..., Any]) -> Callable[..., Any]:
-    return click.option("--tenant", "tenant", help="the tenant acting (tenantId)")(f)
+    return click.option(
+        "--tenant", "tenant", help="the tenant acting (tenantId) [BETTER_COMPUTE_TENANT]"
+    )(f)
 
 
 def tenant_of(given: str | None) -> str:
-    settings: Settings = click.get_current_context().find_object(Settings)  # type: ignore[assignment]
-    tenant = given or settings.tenant
+    tenant = given or settings().tenant
     if tenant is None:
-        raise click.UsageError("--tenant is required (or set tenant in the profile)")
+        raise click.UsageError(
+            "--tenant is required (or set BETTER_COMPUTE_TENANT, or tenant in the profile)"
+        )
     return tenant
+
+
+watch_option = click.option(
+    "--watch", "-w", is_flag=True, help="print again whenever an event lands; Ctrl-C stops"
+)
+page_size_option = click.option(
+    "--page-size",
+    type=click.IntRange(1, 1000),
+    help="items per request (default: the control plane's page); every page is read",
+)
 
 
 quota_option = click.option(
@@ -254,33 +389,60 @@ policy_option = click.option("--policy", type=JsonValue(dict), help="inline JSON
 # --- the group -----------------------------------------------------------------
 
 
-class AnywhereJson(click.Group):
-    """`--json` where people put it: `better-compute pools list --tenant acme --json` works
-    like `better-compute --json pools list --tenant acme`."""
+class AnywhereOutput(click.Group):
+    """The output options where people put them: `better-compute pools list --tenant acme -o
+    wide` (or `--json`) works like `better-compute -o wide pools list --tenant acme`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if "--json" in args[1:] and "--" not in args:
-            args = ["--json", *(a for a in args if a != "--json")]
-        return super().parse_args(ctx, args)
+        if "--" in args:
+            return super().parse_args(ctx, args)
+        front: list[str] = []
+        rest: list[str] = []
+        index = 0
+        while index < len(args):
+            arg = args[index]
+            if arg in ("-o", "--output") and index + 1 < len(args):
+                front += args[index : index + 2]
+                index += 2
+                continue
+            glued = arg.startswith("--output=") or (arg.startswith("-o") and len(arg) > 2)
+            (front if arg == "--json" or glued else rest).append(arg)
+            index += 1
+        return super().parse_args(ctx, [*front, *rest])
 
 
 @click.group(
-    cls=AnywhereJson, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+    cls=AnywhereOutput, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.version_option(package_name="better-compute")
 @click.option("--url", help="control plane URL [BETTER_COMPUTE_URL]")
 @click.option("--token", help="API token [BETTER_COMPUTE_TOKEN]")
 @click.option("--token-file", help="file holding the API token [BETTER_COMPUTE_TOKEN_FILE]")
+@click.option(
+    "--ca-file",
+    help="CA certificates (PEM) to verify an https control plane by [BETTER_COMPUTE_CA_FILE]",
+)
 @click.option("--profile", help="profile in config.toml [BETTER_COMPUTE_PROFILE]")
-@click.option("--json", "as_json", is_flag=True, help="print the API answer as JSON")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Choice(get_args(Output)),
+    help="table (the default: fits 100 columns), wide (ids whole, nothing cut), json or yaml",
+)
+@click.option("--json", "as_json", is_flag=True, help="the same as -o json")
 @click.pass_context
 def cli(
     ctx: click.Context,
     url: str | None,
     token: str | None,
     token_file: str | None,
+    ca_file: str | None,
     profile: str | None,
+    output: Output | None,
     as_json: bool,
 ) -> None:
     """Drive a Better Compute control plane over its HTTP API."""
-    ctx.obj = resolve(url, token, token_file, profile, as_json, os.environ)
+    if as_json and output not in (None, "json"):
+        raise click.UsageError(f"--json is -o json: it cannot go with -o {output}")
+    chosen: Output = "json" if as_json else (output or "table")
+    ctx.obj = resolve(url, token, token_file, ca_file, profile, chosen, os.environ)

@@ -1,6 +1,5 @@
 """Commands for events, join tokens, reservations and budgets (nodes: `nodes.py`)."""
 
-import time
 from typing import Any
 
 import click
@@ -8,23 +7,30 @@ import msgspec
 
 from controlplane.cli.core import (
     KeyInt,
-    Settings,
     call,
     cli,
     emit,
+    end_of_log,
+    every,
     fields,
+    id_cell,
     items,
+    next_events,
+    page_size_option,
+    settings,
     short,
+    shown,
     table,
     tenant_of,
     tenant_option,
+    watch_option,
 )
 
 EVENT_HEADERS = ["SEQ", "AT", "TYPE", "POOL", "DATA"]
 
 
 def event_row(e: dict[str, Any]) -> list[Any]:
-    return [e["seq"], e["at"], e["type"], e.get("poolId"), short(e["data"])]
+    return [e["seq"], e["at"], e["type"], id_cell(e.get("poolId")), short(e["data"])]
 
 
 @cli.group()
@@ -40,20 +46,10 @@ def events() -> None:
 def events_list(
     tenant: str | None, after: int | None, limit: int | None, types: tuple[str, ...]
 ) -> None:
-    """List events; `next` is the cursor for --after."""
+    """List one page of events (the log has no end: `events tail` reads on); `next` is the
+    cursor for --after."""
     body = {"tenantId": tenant_of(tenant), "after": after, "limit": limit, "types": list(types)}
-    emit(call("compute/events/list", body), items(EVENT_HEADERS, event_row))
-
-
-def _end_of_log(tenant_id: str, types: tuple[str, ...]) -> int:
-    """The seq of the last event visible now: following starts after it, as `tail -f` does."""
-    after = 0
-    while True:
-        body = {"tenantId": tenant_id, "after": after, "limit": 1000, "types": list(types)}
-        answer = call("compute/events/list", body)
-        if not answer["items"]:
-            return int(answer["next"])
-        after = answer["next"]
+    emit(call("compute/events/list", body), items(EVENT_HEADERS, event_row, fit="DATA"))
 
 
 @events.command("tail")
@@ -63,39 +59,39 @@ def _end_of_log(tenant_id: str, types: tuple[str, ...]) -> int:
     type=click.IntRange(min=0),
     help="start after this seq (default: the whole log; with --follow, only what comes next)",
 )
-@click.option("--follow", "-f", is_flag=True, help="keep polling for new events")
+@click.option(
+    "--follow", "-f", is_flag=True, help="wait for new events (a long-poll of the event log)"
+)
 @click.option("--max", "most", type=click.IntRange(min=1), help="stop after this many events")
-@click.option("--interval", type=click.FloatRange(min=0.1), default=2.0, help="poll seconds")
 @click.option("--type", "types", multiple=True, help="event type, repeatable")
 def events_tail(
-    tenant: str | None,
-    after: int | None,
-    follow: bool,
-    most: int | None,
-    interval: float,
-    types: tuple[str, ...],
+    tenant: str | None, after: int | None, follow: bool, most: int | None, types: tuple[str, ...]
 ) -> None:
-    """Print events as they come (one JSON object a line with --json); Ctrl-C stops."""
-    settings: Settings = click.get_current_context().find_object(Settings)  # type: ignore[assignment]
-    tenant_id, printed = tenant_of(tenant), 0
+    """Print events as they come (one JSON object a line with -o json, a YAML document each
+    with -o yaml); Ctrl-C stops. --follow waits on the control plane for the next event (B2),
+    it does not poll."""
+    output, tenant_id, printed = settings().output, tenant_of(tenant), 0
     if after is None:
-        after = _end_of_log(tenant_id, types) if follow else 0
+        after = end_of_log(tenant_id, types) if follow else 0
     try:
         while most is None or printed < most:
             limit = min(1000, most - printed) if most is not None else 1000
-            body = {"tenantId": tenant_id, "after": after, "limit": limit, "types": list(types)}
-            answer = call("compute/events/list", body)
+            if follow:
+                answer = next_events(tenant_id, after, limit, types)
+            else:
+                body = {"tenantId": tenant_id, "after": after, "limit": limit, "types": list(types)}
+                answer = call("compute/events/list", body)
             for event in answer["items"]:
-                if settings.as_json:
+                if output == "json":
                     click.echo(msgspec.json.encode(event).decode())
+                elif output == "yaml":
+                    click.echo(b"---\n" + msgspec.yaml.encode(event), nl=False)
                 else:
                     click.echo("  ".join(str(c or "-") for c in event_row(event)))
                 printed += 1
             after = answer["next"]
-            if not answer["items"]:
-                if not follow:
-                    break
-                time.sleep(interval)
+            if not answer["items"] and not follow:
+                break
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a person stops following: not an error
 
@@ -133,13 +129,31 @@ def join_tokens_create(
 RES_HEADERS = ["ID", "POOL", "STATE", "RESOURCES", "NODE", "REASON"]
 
 
+def asked(r: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in r["resources"].items())
+
+
 def res_row(r: dict[str, Any]) -> list[Any]:
-    asked = ", ".join(f"{k} {v}" for k, v in r["resources"].items())
-    return [r["id"], r["poolId"], r["state"], asked, r.get("nodeId"), r.get("reason")]
+    node, reason = id_cell(r.get("nodeId")), r.get("reason")
+    return [id_cell(r["id"]), id_cell(r["poolId"]), r["state"], asked(r), node, reason]
+
+
+res_table = items(RES_HEADERS, res_row, fit="REASON")
 
 
 def show_res(r: dict[str, Any]) -> None:
-    table(RES_HEADERS, [res_row(r)])
+    """One reservation as `key: value` lines, its ids whole (what `end` and `get` take)."""
+    mig = f" ({r['migProfile']})" if r.get("migProfile") else ""
+    rows = [
+        ["id:", r["id"]],
+        ["pool:", r["poolId"]],
+        ["state:", r["state"]],
+        ["resources:", asked(r) + mig],
+        ["node:", r.get("nodeId")],
+        ["reason:", r.get("reason")],
+        ["expires:", r.get("expiresAt")],
+    ]
+    table(None, rows)
 
 
 @cli.group()
@@ -179,10 +193,11 @@ def reservations_create(
 @reservations.command("get")
 @tenant_option
 @click.argument("reservation_id")
-def reservations_get(tenant: str | None, reservation_id: str) -> None:
+@watch_option
+def reservations_get(tenant: str | None, reservation_id: str, watch: bool) -> None:
     """Show one reservation."""
     body = {"tenantId": tenant_of(tenant), "reservationId": reservation_id}
-    emit(call("compute/reservations/get", body), show_res)
+    shown(lambda: call("compute/reservations/get", body), show_res, watch, body["tenantId"])
 
 
 @reservations.command("list")
@@ -194,10 +209,19 @@ def reservations_get(tenant: str | None, reservation_id: str) -> None:
     multiple=True,
     type=click.Choice(["pending", "placed", "active", "ended", "failed"]),
 )
-def reservations_list(tenant: str | None, pool_id: str | None, states: tuple[str, ...]) -> None:
+@page_size_option
+@watch_option
+def reservations_list(
+    tenant: str | None,
+    pool_id: str | None,
+    states: tuple[str, ...],
+    page_size: int | None,
+    watch: bool,
+) -> None:
     """List a tenant's reservations."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id, "states": list(states)}
-    emit(call("compute/reservations/list", body), items(RES_HEADERS, res_row))
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": pool_id, "states": list(states)}
+    shown(lambda: every("compute/reservations/list", body, page_size), res_table, watch, tenant_id)
 
 
 @reservations.command("end")
@@ -231,10 +255,11 @@ def budgets_set(tenant: str | None, meter: str, limit: float | None) -> None:
 @budgets.command("get")
 @tenant_option
 @click.argument("meter")
-def budgets_get(tenant: str | None, meter: str) -> None:
+@watch_option
+def budgets_get(tenant: str | None, meter: str, watch: bool) -> None:
     """Show a tenant's budget and spend on a meter."""
-    answer = call("compute/budgets/get", {"tenantId": tenant_of(tenant), "meter": meter})
-    emit(answer, fields(BUDGET_KEYS))
+    body = {"tenantId": tenant_of(tenant), "meter": meter}
+    shown(lambda: call("compute/budgets/get", body), fields(BUDGET_KEYS), watch, body["tenantId"])
 
 
 if __name__ == "__main__":

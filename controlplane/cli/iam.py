@@ -1,4 +1,4 @@
-"""Commands for tenants, credentials and sites."""
+"""Commands for tenants, credentials (and whoami) and sites."""
 
 from typing import Any
 
@@ -9,10 +9,17 @@ from controlplane.cli.core import (
     call,
     cli,
     emit,
+    every,
     fields,
+    id_cell,
     items,
+    page_size_option,
+    shown,
+    table,
     tenant_of,
     tenant_option,
+    watch_option,
+    yes,
 )
 
 # --- IAM -------------------------------------------------------------------------
@@ -66,6 +73,25 @@ def credentials_revoke(tenant: str | None, credential_id: str) -> None:
     emit(call("iam/credentials/revoke", body), fields(["credentialId", "revoked"]))
 
 
+def show_caller(answer: Any) -> None:
+    table(
+        None,
+        [
+            ["tenant:", answer["tenantId"]],
+            ["credential:", answer["credentialId"]],
+            ["root:", yes(answer["root"])],
+            ["admin:", yes(answer["admin"])],
+        ],
+    )
+
+
+@cli.command("whoami")
+def whoami() -> None:
+    """Who the token is: its tenant, its credential, whether it is root's (acts for every
+    tenant) and whether it is its tenant's admin (no statements)."""
+    emit(call("iam/credentials/whoami", {}), show_caller)
+
+
 # --- sites -----------------------------------------------------------------------
 
 SITE_ROW = (
@@ -92,7 +118,10 @@ def sites_create(tenant: str | None, name: str, region: str, kind: str) -> None:
 
 @sites.command("list")
 @tenant_option
-def sites_list(tenant: str | None) -> None:
+@page_size_option
+@watch_option
+def sites_list(tenant: str | None, page_size: int | None, watch: bool) -> None:
     """List the sites a tenant sees."""
-    answer = call("compute/sites/list", {"tenantId": tenant_of(tenant)})
-    emit(answer, items(SITE_ROW[0], lambda s: [s[k] for k in SITE_ROW[1]]))
+    body = {"tenantId": tenant_of(tenant)}
+    render = items(SITE_ROW[0], lambda s: [id_cell(s["id"]), *(s[k] for k in SITE_ROW[1][1:])])
+    shown(lambda: every("compute/sites/list", body, page_size), render, watch, body["tenantId"])

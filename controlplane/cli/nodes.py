@@ -15,12 +15,16 @@ from controlplane.cli.core import (
     call,
     cli,
     emit,
+    every,
     fields,
     human_bytes,
-    short_id,
+    id_cell,
+    page_size_option,
+    shown,
     table,
     tenant_of,
     tenant_option,
+    watch_option,
     yes,
 )
 
@@ -63,8 +67,8 @@ def gpu_cell(gpus: list[dict[str, Any]]) -> str | None:
 
 
 def node_row(n: dict[str, Any], fleet: bool = False) -> list[Any]:
-    pool = [short_id(n["poolId"])] if fleet else []
-    return [n["id"], *pool, n["hostname"], n["state"], gpu_cell(n["gpus"]), reason_cell(n)]
+    pool = [id_cell(n["poolId"])] if fleet else []
+    return [id_cell(n["id"]), *pool, n["hostname"], n["state"], gpu_cell(n["gpus"]), reason_cell(n)]
 
 
 def node_headers(fleet: bool = False) -> list[str]:
@@ -183,40 +187,37 @@ def nodes() -> None:
 @tenant_option
 @click.argument("pool_id", required=False)
 @click.option("--state", "states", multiple=True, type=click.Choice(NODE_STATES), help="repeatable")
-@click.option(
-    "--page-size", type=click.IntRange(1, 1000), default=500, show_default=True,
-    help="nodes per request; every page is read",
-)  # fmt: skip
+@page_size_option
+@watch_option
 def nodes_list(
-    tenant: str | None, pool_id: str | None, states: tuple[str, ...], page_size: int
+    tenant: str | None,
+    pool_id: str | None,
+    states: tuple[str, ...],
+    page_size: int | None,
+    watch: bool,
 ) -> None:
     """List a pool's nodes, or without POOL_ID every node of every pool the tenant owns (the
-    fleet view, H7). Follows `next` to the end: the table (and --json's items) hold every
+    fleet view, H7). Follows `next` to the end: the table (and -o json's items) hold every
     node."""
-    body: dict[str, Any] = {
-        "tenantId": tenant_of(tenant),
-        "poolId": pool_id,
-        "states": list(states),
-        "limit": page_size,
-    }
-    found: list[dict[str, Any]] = []
-    cursor = None
-    while True:
-        answer = call("compute/nodes/list", {**body, "cursor": cursor})
-        found += answer["items"]
-        cursor = answer.get("next")
-        if not cursor:
-            break
-    emit({"items": found, "next": None}, lambda a: node_table(a["items"], fleet=pool_id is None))
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": pool_id, "states": list(states)}
+    shown(
+        lambda: every("compute/nodes/list", body, page_size),
+        lambda answer: node_table(answer["items"], fleet=pool_id is None),
+        watch,
+        tenant_id,
+    )
 
 
 @nodes.command("get", short_help="One node: state, health, rows and atoms.")
 @tenant_option
 @click.argument("node_id")
-def nodes_get(tenant: str | None, node_id: str) -> None:
+@watch_option
+def nodes_get(tenant: str | None, node_id: str, watch: bool) -> None:
     """Show one node: state and reason, schedulable, cordon, drain, pending reboot, applied
     and spec versions (H1, H3), each GPU's health (H5), its resource rows and GPU atoms."""
-    emit(call("compute/nodes/get", {"tenantId": tenant_of(tenant), "nodeId": node_id}), show_node)
+    body = {"tenantId": tenant_of(tenant), "nodeId": node_id}
+    shown(lambda: call("compute/nodes/get", body), show_node, watch, body["tenantId"])
 
 
 @nodes.command("cordon", short_help="Take no new bookings on a node (H3).")

@@ -10,16 +10,21 @@ from controlplane.cli.core import (
     call,
     cli,
     emit,
+    every,
     fields,
+    id_cell,
     items,
+    page_size_option,
     policy_option,
     quota_cell,
     quota_option,
     short,
+    shown,
     table,
     tenant_of,
     tenant_option,
     used_max,
+    watch_option,
     yes,
 )
 
@@ -28,7 +33,7 @@ from controlplane.cli.core import (
 
 def pool_row(p: dict[str, Any]) -> list[Any]:
     return [
-        p["id"],
+        id_cell(p["id"]),
         p.get("gpuModel") or "-",
         p["class"],
         p["sharing"],
@@ -39,9 +44,12 @@ def pool_row(p: dict[str, Any]) -> list[Any]:
 
 
 POOL_HEADERS = ["ID", "MODEL", "CLASS", "SHARING", "OWNED", "ARCHIVED", "QUOTA"]
+pool_table = items(POOL_HEADERS, pool_row, fit="QUOTA")
 
 
 def show_pool(p: dict[str, Any]) -> None:
+    for warning in p.get("warnings", []):  # create and update: policy fields nothing reads (P9)
+        click.echo(f"warning: {warning}", err=True)
     fields(["id", "ownerTenantId", "siteId", "class", "gpuModel", "sharing", "agent", "version"])(p)
     click.echo(f"owned: {yes(p['owned'])}  archived: {yes(p['archived'])}")
     click.echo(f"quota: {quota_cell(p['quotas'])}")
@@ -81,17 +89,22 @@ def pools() -> None:
 
 @pools.command("list")
 @tenant_option
-def pools_list(tenant: str | None) -> None:
+@page_size_option
+@watch_option
+def pools_list(tenant: str | None, page_size: int | None, watch: bool) -> None:
     """List the pools a tenant owns or is offered."""
-    emit(call("compute/pools/list", {"tenantId": tenant_of(tenant)}), items(POOL_HEADERS, pool_row))
+    body = {"tenantId": tenant_of(tenant)}
+    shown(lambda: every("compute/pools/list", body, page_size), pool_table, watch, body["tenantId"])
 
 
 @pools.command("get")
 @tenant_option
 @click.argument("pool_id")
-def pools_get(tenant: str | None, pool_id: str) -> None:
+@watch_option
+def pools_get(tenant: str | None, pool_id: str, watch: bool) -> None:
     """Show one pool."""
-    emit(call("compute/pools/get", {"tenantId": tenant_of(tenant), "poolId": pool_id}), show_pool)
+    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
+    shown(lambda: call("compute/pools/get", body), show_pool, watch, body["tenantId"])
 
 
 @pools.command("create")
@@ -198,19 +211,21 @@ def pools_archive(tenant: str | None, pool_id: str) -> None:
 @pools.command("capacity")
 @tenant_option
 @click.argument("pool_id")
-def pools_capacity(tenant: str | None, pool_id: str) -> None:
+@watch_option
+def pools_capacity(tenant: str | None, pool_id: str, watch: bool) -> None:
     """A pool's capacity ledger by resource (H6)."""
     body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
-    emit(call("compute/pools/capacity", body), capacity_table)
+    shown(lambda: call("compute/pools/capacity", body), capacity_table, watch, body["tenantId"])
 
 
 @cli.command("capacity")
 @tenant_option
 @click.argument("pool_id")
-def capacity(tenant: str | None, pool_id: str) -> None:
+@watch_option
+def capacity(tenant: str | None, pool_id: str, watch: bool) -> None:
     """A pool's capacity ledger by resource (capacity/byPool, H6)."""
     body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
-    emit(call("compute/capacity/byPool", body), capacity_table)
+    shown(lambda: call("compute/capacity/byPool", body), capacity_table, watch, body["tenantId"])
 
 
 # --- quotas and events -----------------------------------------------------------
@@ -222,7 +237,7 @@ def quota_rows(answer: Any) -> None:
     table(
         QUOTA_HEADERS,
         [
-            [r["tenantId"], r["poolId"], r["resource"], used_max(r), r["available"]]
+            [r["tenantId"], id_cell(r["poolId"]), r["resource"], used_max(r), r["available"]]
             for r in (answer["items"] if "items" in answer else answer.get("quotas", []))
         ],
     )
@@ -254,7 +269,12 @@ def quotas_set(
 @quotas.command("list")
 @tenant_option
 @click.option("--pool", "pool_id", help="only this poolId")
-def quotas_list(tenant: str | None, pool_id: str | None) -> None:
+@page_size_option
+@watch_option
+def quotas_list(
+    tenant: str | None, pool_id: str | None, page_size: int | None, watch: bool
+) -> None:
     """List the caller tenant's quota rows."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
-    emit(call("compute/quotas/list", body), quota_rows)
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": pool_id}
+    shown(lambda: every("compute/quotas/list", body, page_size), quota_rows, watch, tenant_id)

@@ -94,6 +94,7 @@ Scope = Literal[
     "reservation",  # the reservation reservationId of tenantId, decided on its pool (compute-pool)
     "node",  # the node nodeId, decided on its pool, owner only (compute-pool)
     "own-node",  # a node credential, for its own nodeId only
+    "own-credential",  # the calling credential itself, decided on its own tenant (compute-tenant)
     "attestor",  # no credential: the join attestor named in the body decides (nodes/join)
 ]
 RESOURCE_OF_SCOPE: dict[Scope, str] = {
@@ -105,6 +106,7 @@ RESOURCE_OF_SCOPE: dict[Scope, str] = {
     "reservation": "compute-pool",
     "node": "compute-pool",
     "own-node": "the calling node",
+    "own-credential": "compute-tenant",
     "attestor": "the join attestor",
 }
 
@@ -145,6 +147,8 @@ class Access:
             text += " (owner only)"
         elif self.on == "owned-pools":
             text += " (owner only; without poolId: compute-tenant, every pool it owns + items)"
+        elif self.on == "own-credential":
+            text += " (the caller's own tenant; no tenantId)"
         if self.keyed is not None:
             text += " (a retry of its idempotencyKey: a read of what the key made)"
         return text + (" + items" if self.items else "")
@@ -164,6 +168,9 @@ def authorize(db: Database, caller: Any, access: Access, body: Any) -> None:
             raise NotFound("node not found", field="nodeId")
         return
     principal: Principal = caller
+    if access.on == "own-credential":
+        require_on_tenant(principal, action)
+        return
     if access.on == "fleet":
         if not principal.is_root or not decide(principal, action, "compute-fleet"):
             raise PermissionDenied(f"{action} is for the root tenant's credentials", action=action)

@@ -7,15 +7,29 @@ from controlplane.iam.decide import Principal
 from controlplane.services.access import readable_pools
 from controlplane.storage import events
 from controlplane.storage.sql import Database
+from shared.errors import InvalidInput
 from shared.schemas import EventList, EventsList, EventView
 
 
+def position(req: EventsList) -> int:
+    """Where the page starts (B1): after ``after``, or the same position given as ``cursor``
+    (the ``next`` of the page before, as given or as its string); both is INVALID_INPUT."""
+    if req.cursor is UNSET:
+        return 0 if req.after is UNSET else req.after
+    if req.after is not UNSET:
+        raise InvalidInput("give after or cursor, not both", field="cursor")
+    return int(req.cursor)
+
+
 def list_events(db: Database, principal: Principal, req: EventsList) -> EventList:
+    """The events after the position in seq order, at most ``limit``; ``next`` is the position
+    after the last event read, never null (the log has no end): after=next continues."""
     fleet = principal.is_root and req.tenant_id == principal.tenant_id
+    after = position(req)
     rows = events.list_events(
         db,
         tenant_id=None if fleet else req.tenant_id,
-        after=req.after,
+        after=after,
         limit=req.limit,
         types=None if req.types is UNSET else req.types,
     )
@@ -35,4 +49,9 @@ def list_events(db: Database, principal: Principal, req: EventsList) -> EventLis
         if row["pool_id"] is None or row["pool_id"] in allowed
     ]
     # The cursor moves past what was read, shown or not, so paging never stalls.
-    return EventList(items=items, next=rows[-1]["seq"] if rows else req.after)
+    return EventList(items=items, next=rows[-1]["seq"] if rows else after)
+
+
+def resume_after(req: EventsList, answer: EventList) -> EventsList | None:
+    """B2: an empty page (a long-poll waits on it) reads again from where it got to."""
+    return None if answer.items else msgspec.structs.replace(req, after=answer.next, cursor=UNSET)

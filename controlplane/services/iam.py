@@ -20,10 +20,12 @@ from shared.errors import Conflict, InvalidInput, InvalidState, NotFound, Permis
 from shared.files import write_secret
 from shared.ids import new_id
 from shared.schemas import (
+    CallerView,
     CredentialCreated,
     CredentialRevoked,
     CredentialsCreate,
     CredentialsRevoke,
+    CredentialsWhoami,
     TenantDeleted,
     TenantsCreate,
     TenantsDelete,
@@ -193,6 +195,16 @@ async def create_credential(
         return CredentialCreated(credential_id=credential_id, tenant_id=req.tenant_id, token=token)
 
     return await store.write(txn)
+
+
+def whoami(db: Database, principal: Principal, req: CredentialsWhoami) -> CallerView:
+    """Who the calling credential is: its tenant and id, root's or not, admin or not (M4)."""
+    return CallerView(
+        tenant_id=principal.tenant_id,
+        credential_id=principal.credential_id,
+        root=principal.is_root,
+        admin=principal.is_admin,
+    )
 
 
 async def revoke_credential(

@@ -1,9 +1,7 @@
-"""Offers and quotas: pools.offer, pools.unoffer, quotas.set, quotas.list (O1–O6, E1)."""
-
-from msgspec import UNSET
+"""Offers and quotas: pools.offer, pools.unoffer, quotas.set (O1–O6, E1)."""
 
 from controlplane.iam.decide import Principal
-from controlplane.services.access import owned_pool, readable_pools
+from controlplane.services.access import owned_pool
 from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
@@ -19,8 +17,7 @@ from shared.schemas import (
     PoolsOffer,
     PoolsUnoffer,
     PoolView,
-    QuotaList,
-    QuotasList,
+    QuotaRows,
     QuotasSet,
     Unoffered,
 )
@@ -125,10 +122,10 @@ async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) ->
     return await store.write(txn)
 
 
-async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> QuotaList:
+async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> QuotaRows:
     """The owner sets a tenant's quota rows; quota.updated when a row changes (E1)."""
 
-    def txn(db: Database) -> QuotaList:
+    def txn(db: Database) -> QuotaRows:
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage", req.version
         )
@@ -149,23 +146,6 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
                 audience=[pool.owner_tenant_id, target],
             )
         rows = pool_sql.quota_rows(db, target, [pool.id])
-        return QuotaList(items=[quota_row(r) for r in rows])
+        return QuotaRows(items=[quota_row(r) for r in rows])
 
     return await store.write(txn)
-
-
-def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaList:
-    """The caller tenant's own rows, on pools it can still see."""
-    visible = readable_pools(
-        db,
-        principal,
-        req.tenant_id,
-        {pool.id for pool in pool_sql.visible_pools(db, req.tenant_id)},
-        "compute:quotas:read",
-    )
-    if req.pool_id is not UNSET:
-        if req.pool_id not in visible:
-            raise NotFound("pool not found", field="poolId")
-        visible = {req.pool_id}
-    rows = pool_sql.quota_rows(db, req.tenant_id, visible)
-    return QuotaList(items=[quota_row(r) for r in rows])

@@ -11,8 +11,9 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
 from controlplane.services.access import authz_attrs, owned_pool, visible_pool
+from controlplane.services.paging import page
 from controlplane.services.quotas import drop_to_in_use, grant
-from controlplane.services.views import pool_view
+from controlplane.services.views import offers_by_pool, pool_view
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
@@ -23,6 +24,7 @@ from controlplane.storage.types import PoolRow
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound
 from shared.ids import derived_id, new_id
 from shared.policy import POOL_POLICY_VALIDATORS, Policy, validate_policy
+from shared.policy.model import policy_warnings
 from shared.schemas import (
     CapacityList,
     CapacityRow,
@@ -68,6 +70,11 @@ def check_policy(
         site_kind=site_kind,
         attestors=attestors,
     )
+
+
+def _with_warnings(view: PoolView) -> PoolView:
+    """P9: create and update answer the stored policy's fields the code does not read."""
+    return msgspec.structs.replace(view, warnings=policy_warnings(view.policy))
 
 
 def _creation_fields(req: PoolsCreate) -> dict[str, Any]:
@@ -160,7 +167,7 @@ async def create_pool(
         )
         return pool_view(db, pool, req.tenant_id)
 
-    return await store.write(txn)
+    return _with_warnings(await store.write(txn))
 
 
 def get_pool(db: Database, principal: Principal, req: PoolsGet) -> PoolView:
@@ -169,16 +176,32 @@ def get_pool(db: Database, principal: Principal, req: PoolsGet) -> PoolView:
 
 
 def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
-    """L1: owned or offered pools, each decided as compute:pools:read on the pool."""
+    """L1, B1: owned or offered pools in id order, each decided as compute:pools:read on the
+    pool; without limit every pool, else a page whose cursor moves past the pools left out.
+    A page costs the same few reads whatever its size: its quota rows, the owner's offers."""
+    limit = None if req.limit is UNSET else req.limit
+    found, last = page(
+        pool_sql.visible_pools(
+            db,
+            req.tenant_id,
+            "" if req.cursor is UNSET else req.cursor,
+            None if limit is None else limit + 1,
+        ),
+        limit,
+    )
     pools = [
         pool
-        for pool in pool_sql.visible_pools(db, req.tenant_id)
+        for pool in found
         if decide(principal, "compute:pools:read", "compute-pool", authz_attrs(pool))
     ]
     quotas: dict[str, list[dict[str, Any]]] = {pool.id: [] for pool in pools}
     for row in pool_sql.quota_rows(db, req.tenant_id, quotas):
         quotas[row["pool_id"]].append(row)
-    return PoolList(items=[pool_view(db, p, req.tenant_id, quotas[p.id]) for p in pools])
+    offers = offers_by_pool(db, [p.id for p in pools if p.owner_tenant_id == req.tenant_id])
+    return PoolList(
+        items=[pool_view(db, p, req.tenant_id, quotas[p.id], offers.get(p.id)) for p in pools],
+        next=None if last is None else last.id,
+    )
 
 
 def pool_capacity(db: Database, principal: Principal, req: PoolsCapacity) -> CapacityList:
@@ -268,7 +291,7 @@ async def update_pool(
         )
         return pool_view(db, updated, req.tenant_id)
 
-    return await store.write(txn)
+    return _with_warnings(await store.write(txn))
 
 
 def archive_in_txn(db: Database, pool: PoolRow, *, reason: str | None = None) -> list[str]:

@@ -1,4 +1,4 @@
-"""Quota rows and what is "in use" on them (O2, O6, A1, R6).
+"""Quota rows and what is "in use" on them (O2, O6, A1, R6); quotas.list (B1).
 
 A row's ``used`` follows every live reservation from admission on, pending ones
 included, so admission never over-admits. "In use", which an offer's new
@@ -7,9 +7,17 @@ placed and active reservations only (R6): pending ones about to fail with
 PoolGone must not keep quota the owner never granted again.
 """
 
+from msgspec import UNSET
+
+from controlplane.iam.decide import Principal
+from controlplane.services.access import readable_pools
+from controlplane.services.paging import page
+from controlplane.services.views import quota_row
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.sql import Database
+from shared.errors import NotFound
+from shared.schemas import QuotaList, QuotasList
 
 
 def grant(
@@ -36,3 +44,26 @@ def drop_to_in_use(db: Database, pool_id: str, tenant_id: str, at: str) -> None:
         maximum = in_use.get(row["resource"], 0)
         if row["max"] != maximum:
             pool_sql.put_quota(db, pool_id, tenant_id, row["resource"], maximum, at)
+
+
+def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaList:
+    """The caller tenant's own rows on pools it can still see, in (pool, resource) order, a
+    page at a time (B1); the cursor moves past the rows of pools the credential may not read
+    (R1). A poolId the tenant cannot see is NOT_FOUND."""
+    action = "compute:quotas:read"
+    pool_id = None if req.pool_id is UNSET else req.pool_id
+    if pool_id is not None and (
+        not pool_sql.authz_row_exists(db, req.tenant_id, pool_id)
+        or not readable_pools(db, principal, req.tenant_id, {pool_id}, action)
+    ):
+        raise NotFound("pool not found", field="poolId")
+    pool, _, resource = ("" if req.cursor is UNSET else req.cursor).partition("/")
+    found, last = page(
+        pool_sql.visible_quota_rows(db, req.tenant_id, pool_id, (pool, resource), req.limit + 1),
+        req.limit,
+    )
+    allowed = readable_pools(db, principal, req.tenant_id, {r["pool_id"] for r in found}, action)
+    return QuotaList(
+        items=[quota_row(r) for r in found if r["pool_id"] in allowed],
+        next=None if last is None else f"{last['pool_id']}/{last['resource']}",
+    )

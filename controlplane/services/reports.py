@@ -1,9 +1,10 @@
 """What a node's own credential does: nodes/report (an unchanged one writes nothing) and nodes/spec."""
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from controlplane.capacity.admission import (
     CONFIGURING,
@@ -14,6 +15,7 @@ from controlplane.capacity.admission import (
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.nodes import health_events, reconcile_one, state_event
 from controlplane.iam.tokens import token_hash
+from controlplane.metrics import UNIT_FAILURES
 from controlplane.services.joining import inventory_fields
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
@@ -35,6 +37,34 @@ def authenticate_node(db: Database, token: str) -> dict[str, Any] | None:
     return node_sql.node_for_token(db, token_hash(token))
 
 
+def failed_units(applied: Mapping[str, Any] | None, spec_units: Sequence[str]) -> set[str]:
+    """The units of the node's spec that a report's ``applied`` says failed."""
+    units = (applied or {}).get("units")
+    if not isinstance(units, list):
+        return set()
+    return {
+        unit["id"]
+        for unit in units
+        if isinstance(unit, dict)
+        and unit.get("status") == "failed"
+        and unit.get("id") in spec_units
+    }
+
+
+def newly_failed(
+    db: Database, node: dict[str, Any], applied: dict[str, Any] | UnsetType
+) -> set[str]:
+    """M1: the units this report says failed that the node's last one did not, so a unit is
+    counted once each time it turns failed, not on every report repeating it; only units of
+    the spec it was served (an agent cannot make up label values)."""
+    if applied is UNSET:
+        return set()
+    spec = node_sql.spec_of(db, node["id"])
+    ids = [unit.id for unit in spec.units] if spec else []
+    before = msgspec.json.decode(node["applied"]) if node["applied"] else None
+    return failed_units(applied, ids) - failed_units(before, ids)
+
+
 async def report_node(
     store: Store, liveness: Liveness, node: dict[str, Any], req: NodesReport
 ) -> Reported:
@@ -46,10 +76,11 @@ async def report_node(
         liveness.seen(node["id"])  # nothing new: no write (liveness is batched)
         return Reported(spec_version=node["spec_version"] or "")
 
-    def txn(db: Database) -> Reported:
+    def txn(db: Database) -> tuple[Reported, set[str]]:
         current = node_sql.get_node(db, node["id"])
         pool = pool_sql.get_pool(db, node["pool_id"])
         assert current is not None and pool is not None
+        failed = newly_failed(db, current, req.applied)
         at = now()
         fields: dict[str, Any] = {"last_seen_at": at, "updated_at": at}
         if applied is not None:
@@ -78,9 +109,12 @@ async def report_node(
         reconcile_one(db, current["id"])
         after = node_sql.get_node(db, current["id"])
         assert after is not None
-        return Reported(spec_version=after["spec_version"] or "")
+        return Reported(spec_version=after["spec_version"] or ""), failed
 
-    return await store.write(txn)
+    reported, failed = await store.write(txn)
+    for unit in failed:  # counted once committed
+        UNIT_FAILURES.labels(node["pool_id"], unit).inc()
+    return reported
 
 
 def node_spec(db: Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:

@@ -1,6 +1,6 @@
 """Building answers from rows: a pool as one tenant sees it, quota rows, offers."""
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from controlplane.storage import pools as pool_sql
@@ -20,20 +20,24 @@ def quota_row(row: dict[str, Any]) -> QuotaRow:
     )
 
 
-def offers_view(db: Database, pool_id: str) -> list[OfferView]:
-    offers = pool_sql.offers_of(db, pool_id)
-    quotas: dict[str, dict[str, int]] = {}
-    for row in pool_sql.pool_quota_rows(db, pool_id):
-        quotas.setdefault(row["tenant_id"], {})[row["resource"]] = row["max"]
-    return [
-        OfferView(
-            to_tenant_id=offer["to_tenant_id"],
-            quota=quotas.get(offer["to_tenant_id"], {}),
-            include_descendants=bool(offer["include_descendants"]),
-            priority=offer["priority"],
+def offers_by_pool(db: Database, pool_ids: Sequence[str]) -> dict[str, list[OfferView]]:
+    """Each pool's offers with the offered tenants' quota maxima: two reads for any number of
+    pools (a page of pools/list costs no read per pool)."""
+    quotas: dict[tuple[str, str], dict[str, int]] = {}
+    for row in pool_sql.pool_quota_rows(db, pool_ids):
+        quotas.setdefault((row["pool_id"], row["tenant_id"]), {})[row["resource"]] = row["max"]
+    offers: dict[str, list[OfferView]] = {pool_id: [] for pool_id in pool_ids}
+    for offer in pool_sql.offers_of_pools(db, pool_ids):
+        key = (offer["pool_id"], offer["to_tenant_id"])
+        offers[offer["pool_id"]].append(
+            OfferView(
+                to_tenant_id=offer["to_tenant_id"],
+                quota=quotas.get(key, {}),
+                include_descendants=bool(offer["include_descendants"]),
+                priority=offer["priority"],
+            )
         )
-        for offer in offers
-    ]
+    return offers
 
 
 # Policy fields that hold secrets: only the pool's owner sees them.
@@ -56,8 +60,10 @@ def pool_view(
     pool: PoolRow,
     tenant_id: str,
     quotas: Iterable[dict[str, Any]] | None = None,
+    offers: list[OfferView] | None = None,
 ) -> PoolView:
-    """The pool as ``tenant_id`` sees it (seed 000); the owner also sees its offers."""
+    """The pool as ``tenant_id`` sees it (seed 000); the owner also sees its offers. A list
+    passes the tenant's ``quotas`` rows and the owner's ``offers`` it read for a whole page."""
     owned = pool.owner_tenant_id == tenant_id
     if quotas is None:
         quotas = pool_sql.quota_rows(db, tenant_id, [pool.id])
@@ -78,7 +84,7 @@ def pool_view(
         updated_at=pool.updated_at,
     )
     if owned:
-        view.offers = offers_view(db, pool.id)
+        view.offers = offers_by_pool(db, [pool.id])[pool.id] if offers is None else offers
         if pool.provider_account_id is not None:
             view.provider_account_id = pool.provider_account_id
     return view

@@ -1,9 +1,17 @@
-"""The SQLite database: WAL, foreign keys, one writer thread, reads on the caller's thread.
+"""The database: one writer thread, a reader on the event loop, reader threads for long reads.
 
 Every mutation is a plain synchronous function ``fn(db)`` run by the single
-writer inside ``BEGIN IMMEDIATE`` and committed as a whole, events included;
-nothing awaits inside a transaction. Reads use a second connection, which WAL
-lets run beside the writer.
+writer inside ``BEGIN IMMEDIATE`` (PostgreSQL: ``BEGIN`` and the writer lock)
+and committed as a whole, events included; nothing awaits inside a transaction.
+Reads use other connections, which WAL (PostgreSQL's MVCC) lets run beside the
+writer: short ones on the event loop's own, long ones (lists) on a small pool of
+reader threads, each with its own connection (B6), so a long read holds the
+loop no longer than the interpreter's switch interval at a time.
+
+Each committed mutation that wrote anything moves the ``generation`` counter in
+its transaction (a cached read answer is good while it stands) and says the seq
+of the last event it appended to ``on_commit`` (long-polls wake on it); on
+PostgreSQL the latter is also a ``NOTIFY`` that every replica listens to.
 """
 
 import asyncio
@@ -11,6 +19,7 @@ import copy
 import os
 import sqlite3
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +62,8 @@ PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 # every replica are one serial order, as SQLite's single writer makes them (B5): quotas
 # never over-admitted, one object per idempotency key, a gapless event seq.
 WRITER_LOCK = 0x6263_7772  # "bcwr"
+EVENTS_CHANNEL = "bc_events"  # PostgreSQL NOTIFY channel: the seq of the last event committed
+READER_THREADS = 4  # long reads at once; PostgreSQL reads wait on the server, not the GIL
 
 
 def is_postgres(location: str | Path) -> bool:
@@ -111,11 +122,17 @@ def savepoint(db: Database) -> Iterator[None]:
 
 
 class Store:
-    """The database of one control plane: a writer and a reader, on a SQLite file or a
+    """The database of one control plane: a writer and readers, on a SQLite file or a
     PostgreSQL database that several replicas share (B3, B4)."""
 
-    def __init__(self, location: str | Path, durability: Durability = "full") -> None:
+    def __init__(
+        self,
+        location: str | Path,
+        durability: Durability = "full",
+        reader_threads: int = READER_THREADS,
+    ) -> None:
         self.location = location
+        self.durability = durability
         self.postgres = is_postgres(location)
         self.path = Path(location)  # the SQLite file (meaningless for PostgreSQL)
         if not self.postgres:
@@ -126,7 +143,12 @@ class Store:
         if not self.postgres:
             _private_files(self.path)  # the -wal and -shm files SQLite made beside it
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        self._readers = ThreadPoolExecutor(max_workers=reader_threads, thread_name_prefix="reader")
+        self._local = threading.local()
+        self._reader_dbs: list[Database] = []  # every reader thread's connection, to close
         self._gate: Callable[[Database], None] | None = None
+        # Called on the event loop after a mutation that appended events, with the last seq.
+        self.on_commit: Callable[[int], None] | None = None
 
     def gated(self, gate: Callable[[Database], None]) -> "Store":
         """This store as one API method uses it: each of its transactions first runs ``gate``
@@ -136,41 +158,86 @@ class Store:
         return view
 
     @contextmanager
-    def snapshot(self) -> Iterator[Database]:
-        """A read transaction: every statement inside sees the same committed state."""
-        self.reader.execute(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if self.postgres else "BEGIN"
-        )
+    def snapshot(self, db: Database | None = None) -> Iterator[Database]:
+        """A read transaction (on the loop's reader unless ``db`` is given): every statement
+        inside sees the same committed state."""
+        db = self.reader if db is None else db
+        db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if self.postgres else "BEGIN")
         try:
-            yield self.reader
+            yield db
         finally:
-            self.reader.execute("COMMIT")
+            db.execute("COMMIT")
+
+    def _thread_reader(self) -> Database:
+        db: Database | None = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = connect(self.location, self.durability)
+            self._reader_dbs.append(db)
+        return db
+
+    def _read_in_thread(self, fn: Callable[[Database], T]) -> T:
+        with self.snapshot(self._thread_reader()) as db:
+            return fn(db)
+
+    async def read(self, fn: Callable[[Database], T]) -> T:
+        """Run ``fn`` in one read transaction on a reader thread, off the event loop (B6)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._readers, self._read_in_thread, fn)
 
     def transact(self, fn: Callable[[Database], T]) -> T:
         """Run ``fn`` in one transaction on the calling thread: ``BEGIN IMMEDIATE`` on
         SQLite, ``BEGIN`` and the writer lock on PostgreSQL."""
+        result, _ = self._transact(fn)
+        return result
+
+    def _transact(self, fn: Callable[[Database], T]) -> tuple[T, int]:
+        """``fn``'s result and the seq of the last event it appended (0 when none)."""
         db = self._writer_db
-        if self.postgres:
+        if isinstance(db, SqliteDatabase):
+            db.execute("BEGIN IMMEDIATE")
+            changes = db.total_changes
+        else:
             db.execute("BEGIN")
             db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
-        else:
-            db.execute("BEGIN IMMEDIATE")
+        db.appended = 0
         try:
             if self._gate is not None:
                 self._gate(db)
             result = fn(db)
+            if isinstance(db, SqliteDatabase):
+                if db.total_changes != changes:
+                    db.execute("UPDATE generation SET n = n + 1")
+            else:
+                # An xid is assigned at a transaction's first write: none, nothing written.
+                db.execute(
+                    "UPDATE generation SET n = n + 1 "
+                    "WHERE pg_current_xact_id_if_assigned() IS NOT NULL"
+                )
+                if db.appended:
+                    db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, str(db.appended)])
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
-        return result
+        return result, db.appended
+
+    def generation(self, db: Database) -> int:
+        """The counter every committed mutation that wrote anything moves (read in ``db``'s
+        transaction, so an answer made there is tagged with the state it saw)."""
+        return int(db.execute("SELECT n FROM generation").fetchone()[0])
 
     async def write(self, fn: Callable[[Database], T]) -> T:
         """Run the mutation ``fn`` on the writer thread, in one transaction."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._writer, self.transact, fn)
+        result, appended = await loop.run_in_executor(self._writer, self._transact, fn)
+        if appended and self.on_commit is not None:
+            self.on_commit(appended)
+        return result
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
+        self._readers.shutdown(wait=True)
         self._writer_db.close()
         self.reader.close()
+        for db in self._reader_dbs:
+            db.close()

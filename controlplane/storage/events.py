@@ -34,7 +34,13 @@ def append(
         "INSERT INTO event_audience (tenant_id, seq) VALUES (?, ?) ON CONFLICT DO NOTHING",
         [(tenant, seq) for tenant in set(audience)],
     )
+    db.appended = int(seq)
     return int(seq)
+
+
+def latest_seq(db: Database) -> int:
+    """The seq of the last event appended (0 when none)."""
+    return int(db.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0])
 
 
 def list_events(

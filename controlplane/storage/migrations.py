@@ -215,6 +215,31 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE node_devices ADD COLUMN unhealthy INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE node_devices ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
     """,
+    # 7: a counter every committed mutation moves (B6): a cached read answer is good while the
+    # counter it was made at is still the counter, on this process or any replica's.
+    """
+    CREATE TABLE generation (id INTEGER PRIMARY KEY CHECK (id = 1), n INTEGER NOT NULL);
+    INSERT INTO generation (id, n) VALUES (1, 0);
+    """,
+    # 8: keyset pages of every list (B1), O(page) from any cursor: a tenant's reservations in id
+    # order by state (and pool), its quota rows by pool and resource, its sites by id. The new
+    # reservation and quota indexes extend the ones they replace.
+    """
+    DROP INDEX reservations_tenant;
+    CREATE INDEX reservations_tenant_page ON reservations(tenant_id, state, id);
+    CREATE INDEX reservations_tenant_pool_page ON reservations(tenant_id, pool_id, state, id);
+    DROP INDEX quotas_tenant;
+    CREATE INDEX quotas_tenant_page ON quotas(tenant_id, pool_id, resource);
+    CREATE INDEX sites_owner_page ON sites(owner_tenant_id, id);
+    """,
+    # 9: the lost-node check, off the writer (storage/liveness.py), reads this index alone
+    # (covering): 100,000 nodes in ~25 ms instead of ~55 (SQLite), ~90 (PostgreSQL). It
+    # extends the one it replaces. The liveness stamps themselves are in no migration: see
+    # storage/liveness.py.
+    """
+    DROP INDEX nodes_state_seen;
+    CREATE INDEX nodes_watch ON nodes(state, last_seen_at, removed_at, id);
+    """,
 )
 
 

@@ -120,11 +120,6 @@ def remove(db: Database, node_id: str, at: str) -> None:
     )
 
 
-def touch(db: Database, seen: Iterable[tuple[str, str]]) -> None:
-    """Persist last-seen times in one statement batch: (at, node id) pairs."""
-    db.executemany("UPDATE nodes SET last_seen_at = ? WHERE id = ?", list(seen))
-
-
 def mark_bookings_lost(db: Database, node_ids: Iterable[str]) -> None:
     db.executemany(
         "UPDATE reservations SET reason = 'NodeLost' WHERE node_id = ? AND state IN ('placed', 'active')",
@@ -132,16 +127,28 @@ def mark_bookings_lost(db: Database, node_ids: Iterable[str]) -> None:
     )
 
 
-def silent_nodes(db: Database, before: str) -> list[dict[str, Any]]:
-    """Live nodes whose stored last-seen time is older than ``before`` (indexed on state, time)."""
-    return rows(
-        db,
+# The nodes the lost-node check watches (nodes as n): live ones, not removed.
+WATCHED = "(n.state IN ('ready', 'configuring', 'quarantined') AND n.removed_at IS NULL)"
+AMONG_CHUNK = 500  # ids per statement, far below either backend's limit on parameters
+
+
+def silent_nodes(
+    db: Database, before: str, among: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """Watched nodes whose ``last_seen_at`` is older than ``before`` (indexed on state, time);
+    with ``among``, only those of these ids, each found by its key: the few that the check
+    off the writer found silent (storage/liveness.py)."""
+    sql = (
         "SELECT n.id, n.pool_id, n.hostname, n.last_seen_at, p.owner_tenant_id FROM nodes n "
-        "JOIN pools p ON p.id = n.pool_id "
-        "WHERE n.state IN ('ready', 'configuring', 'quarantined') AND n.last_seen_at < ? "
-        "AND n.removed_at IS NULL",
-        [before],
+        f"JOIN pools p ON p.id = n.pool_id WHERE {WATCHED} AND n.last_seen_at < ?"
     )
+    if among is None:
+        return rows(db, sql, [before])
+    found = []
+    for start in range(0, len(among), AMONG_CHUNK):
+        ids = among[start : start + AMONG_CHUNK]
+        found += rows(db, f"{sql} AND n.id IN ({', '.join('?' * len(ids))})", [before, *ids])
+    return found
 
 
 def mark_lost(db: Database, node_ids: Iterable[str], at: str) -> None:

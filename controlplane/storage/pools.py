@@ -1,6 +1,6 @@
 """SQL for pools, their offers, quota rows, and the IAM authz projection."""
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controlplane.storage.nodes import SCHEDULABLE
@@ -72,9 +72,16 @@ def authz_row_exists(db: Database, tenant_id: str, pool_id: str) -> bool:
     return found is not None
 
 
-def visible_pools(db: Database, tenant_id: str) -> list[VisiblePool]:
-    """Pools with an authz row for the tenant (owned, or offered and not archived)."""
-    return [visible_pool_row(row) for row in rows(db, _WITH_AUTHZ + " ORDER BY p.id", [tenant_id])]
+def visible_pools(db: Database, tenant_id: str, after: str, limit: int | None) -> list[VisiblePool]:
+    """Pools with an authz row for the tenant (owned, or offered and not archived), in id order
+    after ``after``, at most ``limit`` (None: all): a walk of the tenant's authz rows' primary
+    key from the cursor (B1)."""
+    sql = _WITH_AUTHZ + " AND a.pool_id > ? ORDER BY a.pool_id"
+    params: list[Any] = [tenant_id, after]
+    if limit is not None:
+        sql += " LIMIT ?"
+        params.append(limit)
+    return [visible_pool_row(row) for row in rows(db, sql, params)]
 
 
 def attrs_for(db: Database, tenant_id: str, pool_ids: Iterable[str]) -> dict[str, PoolAuthz]:
@@ -120,7 +127,24 @@ def delete_authz(db: Database, tenant_id: str, pool_id: str) -> None:
 
 
 def offers_of(db: Database, pool_id: str) -> list[dict[str, Any]]:
-    return rows(db, "SELECT * FROM pool_offers WHERE pool_id = ? ORDER BY to_tenant_id", [pool_id])
+    return offers_of_pools(db, [pool_id])
+
+
+def offers_of_pools(db: Database, pool_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """The offers of several pools in one read, by pool and tenant."""
+    return _of_pools(db, "pool_offers", pool_ids, "pool_id, to_tenant_id")
+
+
+def _of_pools(
+    db: Database, table: str, pool_ids: Sequence[str], order: str
+) -> list[dict[str, Any]]:
+    """The rows of ``table`` on several pools in one read, in ``order``."""
+    if not pool_ids:
+        return []
+    marks = ", ".join("?" * len(pool_ids))
+    return rows(
+        db, f"SELECT * FROM {table} WHERE pool_id IN ({marks}) ORDER BY {order}", list(pool_ids)
+    )
 
 
 def offers_to(db: Database, tenant_id: str) -> list[dict[str, Any]]:
@@ -181,10 +205,27 @@ def quota_rows(
     return rows(db, sql + " ORDER BY pool_id, resource", params)
 
 
-def pool_quota_rows(db: Database, pool_id: str) -> list[dict[str, Any]]:
-    return rows(
-        db, "SELECT * FROM quotas WHERE pool_id = ? ORDER BY tenant_id, resource", [pool_id]
+def pool_quota_rows(db: Database, pool_ids: Sequence[str]) -> list[dict[str, Any]]:
+    """Every tenant's quota rows on several pools, in one read."""
+    return _of_pools(db, "quotas", pool_ids, "pool_id, tenant_id, resource")
+
+
+def visible_quota_rows(
+    db: Database, tenant_id: str, pool_id: str | None, after: tuple[str, str], limit: int
+) -> list[dict[str, Any]]:
+    """B1: the tenant's quota rows on pools it has an authz row for (owned, or offered and not
+    archived), in (pool, resource) order after ``after``, at most ``limit``: a walk of the
+    tenant's quotas index from the cursor."""
+    sql = (
+        "SELECT q.* FROM quotas q JOIN pool_authz a "
+        "ON a.tenant_id = q.tenant_id AND a.pool_id = q.pool_id "
+        "WHERE q.tenant_id = ? AND (q.pool_id, q.resource) > (?, ?)"
     )
+    params: list[Any] = [tenant_id, *after]
+    if pool_id is not None:
+        sql += " AND q.pool_id = ?"
+        params.append(pool_id)
+    return rows(db, sql + " ORDER BY q.pool_id, q.resource LIMIT ?", [*params, limit])
 
 
 def put_quota(

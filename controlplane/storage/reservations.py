@@ -9,6 +9,7 @@ from controlplane.storage.sql import Database
 from controlplane.storage.types import ReservationRow, reservation_columns, reservation_row
 
 LIVE = ("pending", "placed", "active")  # what counts against quota; placed and active hold bookings
+STATES = (*LIVE, "ended", "failed")
 
 
 def insert(db: Database, row: ReservationRow) -> None:
@@ -31,17 +32,34 @@ def update(db: Database, reservation_id: str, fields: dict[str, Any]) -> None:
 
 
 def of_tenant(
-    db: Database, tenant_id: str, pool_id: str | None, states: Sequence[str] | None
+    db: Database,
+    tenant_id: str,
+    pool_id: str | None,
+    states: Sequence[str] | None,
+    after: str,
+    limit: int,
 ) -> list[ReservationRow]:
-    where = "WHERE tenant_id = ?"
-    params: list[Any] = [tenant_id]
-    if pool_id is not None:
-        where += " AND pool_id = ?"
-        params.append(pool_id)
-    if states:
-        where += f" AND state IN ({', '.join('?' * len(states))})"
-        params.extend(states)
-    return _select(db, where + " ORDER BY created_at, id", params)
+    """B1: the tenant's reservations (of a pool, in some states) in id order after ``after``,
+    at most ``limit``, O(page) from any cursor whatever the tenant's history.
+
+    One arm a state, each a range of the (tenant, state, id) index, or (tenant, pool, state,
+    id) with a pool, merged in id order: the merge reads each arm only as far as the page
+    needs and sorts nothing. SQLite merges the plain arms (MERGE); PostgreSQL merges arms that
+    each stop at the limit (Merge Append), as it would append plain ones and sort them whole.
+    """
+    keys = "tenant_id = ? AND pool_id = ?" if pool_id is not None else "tenant_id = ?"
+    limited = db.dialect.name == "postgresql"
+    arms: list[str] = []
+    params: list[Any] = []
+    for n, state in enumerate(dict.fromkeys(states or STATES)):
+        arm = f"SELECT * FROM reservations WHERE {keys} AND state = ? AND id > ?"
+        params += [tenant_id, *([] if pool_id is None else [pool_id]), state, after]
+        if limited:
+            arm = f"SELECT * FROM ({arm} ORDER BY id LIMIT ?) AS s{n}"
+            params.append(limit)
+        arms.append(arm)
+    found = rows(db, " UNION ALL ".join(arms) + " ORDER BY id LIMIT ?", [*params, limit])
+    return [reservation_row(row) for row in found]
 
 
 def _select(db: Database, where: str, params: list[Any] | None = None) -> list[ReservationRow]:

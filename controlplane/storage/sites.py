@@ -25,7 +25,10 @@ def get_site(db: Database, site_id: str) -> dict[str, Any] | None:
     return one(db, "SELECT * FROM sites WHERE id = ?", [site_id])
 
 
-def list_sites(db: Database, owner: str) -> list[dict[str, Any]]:
+def list_sites(db: Database, owner: str, after: str, limit: int) -> list[dict[str, Any]]:
+    """B1: the owner's sites in id order after ``after``, at most ``limit`` (an index walk)."""
     return rows(
-        db, "SELECT * FROM sites WHERE owner_tenant_id = ? ORDER BY created_at, id", [owner]
+        db,
+        "SELECT * FROM sites WHERE owner_tenant_id = ? AND id > ? ORDER BY id LIMIT ?",
+        [owner, after, limit],
     )

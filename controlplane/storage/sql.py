@@ -66,6 +66,9 @@ class Database:
     """One connection: ``execute`` and ``executemany`` with ``?`` (or ``:name``) placeholders."""
 
     dialect: Dialect = SQLITE
+    # The seq of the last event appended in the current transaction (0: none), for the store
+    # to tell long-polls after the commit (B2).
+    appended: int = 0
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
         raise NotImplementedError
@@ -106,6 +109,11 @@ class SqliteDatabase(Database):
     @property
     def in_transaction(self) -> bool:
         return self.conn.in_transaction
+
+    @property
+    def total_changes(self) -> int:
+        """Rows changed by this connection since it opened (SQLite counts them for free)."""
+        return self.conn.total_changes
 
     def close(self) -> None:
         self.conn.close()

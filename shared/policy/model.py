@@ -3,12 +3,18 @@
 Unknown top-level fields are kept as given (P9): the stored policy is the raw
 object, and this model is only how validators and readers see the known
 fields. Inside a known field, unknown keys are refused: a typo in
-`hugepages` must not be silently ignored.
+`hugepages` must not be silently ignored. ``policy_warnings`` names the fields
+the model does not know, with the known name closest to each, so that a typo at
+the top level (``hugepage``) does not pass silently either.
 """
 
-from typing import Annotated, Literal
+import difflib
+from collections.abc import Iterator, Mapping
+from functools import cache
+from typing import Annotated, Any, Literal
 
 import msgspec
+import msgspec.inspect as mi
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from shared.validation import whole
@@ -139,3 +145,41 @@ class Policy(Struct, kw_only=True):
         | UnsetType
     ) = UNSET
     admission: Admission | UnsetType = UNSET
+
+
+@cache
+def _policy_type() -> mi.Type:
+    return mi.type_info(Policy)
+
+
+def policy_warnings(policy: Mapping[str, Any]) -> list[str]:
+    """P9: each field of ``policy`` the code does not read, as ``policy.a.b: …; did you mean …?``.
+
+    The known names are the typed model's at each level (as written in JSON: ``2Mi``),
+    walking into known fields that hold objects, lists of objects and maps of them; the
+    suggestion is the closest known name at that level (difflib), when one is close.
+    """
+    return list(_unknown(policy, _policy_type(), "policy"))
+
+
+def _unknown(value: Any, kind: mi.Type, path: str) -> Iterator[str]:
+    if isinstance(kind, mi.Metadata):
+        yield from _unknown(value, kind.type, path)
+    elif isinstance(kind, mi.UnionType):  # X | UNSET: only X has fields
+        for member in kind.types:
+            yield from _unknown(value, member, path)
+    elif isinstance(kind, mi.StructType) and isinstance(value, Mapping):
+        known = {field.encode_name: field.type for field in kind.fields}
+        for name, item in value.items():
+            if name in known:
+                yield from _unknown(item, known[name], f"{path}.{name}")
+                continue
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            yield f"{path}.{name}: not a field the code reads{hint}"
+    elif isinstance(kind, mi.ListType) and isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _unknown(item, kind.item_type, f"{path}.{index}")
+    elif isinstance(kind, mi.DictType) and isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _unknown(item, kind.value_type, f"{path}.{key}")

@@ -1,0 +1,43 @@
+"""Encoded answers of cached reads, kept while the store's generation stands (B6).
+
+A read marked ``cached`` depends on nothing but the database, the caller's
+credential and the request body; every committed mutation that wrote anything
+moves the generation (in its transaction, on any replica). So an answer made
+at generation g for (method, credential, body) is the answer while the
+generation is still g: the same state gives the same decision and the same
+view. Fleet dashboards that poll a list of thousands of pools then cost one
+lookup until something changes. Bounded by total bytes, least recently used out.
+"""
+
+from collections import OrderedDict
+
+MAX_BYTES = 64 * 1024 * 1024
+
+Key = tuple[str, str, bytes]  # (method path, credential id, request body)
+
+
+class AnswerCache:
+    def __init__(self, max_bytes: int = MAX_BYTES) -> None:
+        self._max_bytes = max_bytes
+        self._bytes = 0
+        self._entries: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
+
+    def get(self, key: Key, generation: int) -> bytes | None:
+        found = self._entries.get(key)
+        if found is None or found[0] != generation:
+            return None
+        self._entries.move_to_end(key)
+        return found[1]
+
+    def put(self, key: Key, generation: int, answer: bytes) -> None:
+        size = len(answer) + len(key[2])
+        if size > self._max_bytes:
+            return
+        old = self._entries.pop(key, None)
+        if old is not None:
+            self._bytes -= len(old[1]) + len(key[2])
+        while self._entries and self._bytes + size > self._max_bytes:
+            (_path, _credential, body), (_generation, evicted) = self._entries.popitem(last=False)
+            self._bytes -= len(evicted) + len(body)
+        self._entries[key] = (generation, answer)
+        self._bytes += size

@@ -1,0 +1,510 @@
+// The read-only console (DESIGN M2): sign in with a token kept in this tab's session storage,
+// then pools with their capacity ledger (H6), nodes by state with GPU health and cordon/drain
+// reasons (H3, H5, H7), live reservations, and the event log followed by long-poll (B2). Every
+// panel is drawn again when new events arrive. The DOM is built with createElement and
+// textContent only: nothing the API answers is ever parsed as HTML.
+
+import { call, listAll } from "./api.js";
+
+const SESSION_KEY = "better-compute.console";
+const WAIT_SECONDS = 25; // B2: each events/list call waits up to this long for a new event
+const RETRY_MS = 2000;
+const PAGE = 1000; // B1: items a list call answers at most
+const MAX_EVENTS = 500; // the log keeps the newest ones
+const LIVE_STATES = ["pending", "placed", "active"];
+const NODE_STATES = ["ready", "configuring", "quarantined", "lost"];
+const SVG = "http://www.w3.org/2000/svg";
+
+const byId = (id) => document.getElementById(id);
+
+// --- building the DOM ------------------------------------------------------------------------
+
+function present(children) {
+  return children
+    .flat(Infinity)
+    .filter((child) => child !== null && child !== undefined && child !== false);
+}
+
+function h(tag, props, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(props)) {
+    if (value === null || value === undefined) continue;
+    if (key === "dataset") Object.assign(node.dataset, value);
+    else node.setAttribute(key, String(value));
+  }
+  node.append(...present(children));
+  return node;
+}
+
+function svg(tag, attributes, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attributes)) node.setAttribute(key, String(value));
+  node.append(...present(children));
+  return node;
+}
+
+// An id shortened for the eye (`pool_…x7k2mq`), whole in its tooltip.
+function idCode(id) {
+  if (!id) return h("span", { class: "none" }, "—");
+  const cut = id.indexOf("_");
+  const body = id.slice(cut + 1);
+  const shown = body.length > 10 ? `${id.slice(0, cut + 1)}…${body.slice(-6)}` : id;
+  return h("code", { class: "id", title: id }, shown);
+}
+
+function when(at) {
+  return at ? at.slice(0, 19).replace("T", " ") : "—";
+}
+
+function empty(text) {
+  return h("p", { class: "empty" }, text);
+}
+
+// --- the session -------------------------------------------------------------------------------
+
+let active = null; // the signed-in run: { session, controller, refreshing, again }
+
+function savedSession() {
+  try {
+    const saved = JSON.parse(sessionStorage.getItem(SESSION_KEY) || "null");
+    return saved && typeof saved.token === "string" && typeof saved.tenant === "string"
+      ? saved
+      : null;
+  } catch {
+    return null;
+  }
+}
+
+function showSignIn(message) {
+  for (const id of ["console", "who", "live", "sign-out"]) byId(id).hidden = true;
+  byId("sign-in").hidden = false;
+  byId("sign-in-error").textContent = message;
+  byId("token").value = "";
+  byId("token").focus();
+}
+
+function signOut(message) {
+  sessionStorage.removeItem(SESSION_KEY);
+  if (active) active.controller.abort();
+  active = null;
+  showSignIn(message);
+}
+
+function refusal(error, tenant) {
+  if (error.status === 401) return "Unknown, revoked or expired token.";
+  if (error.status === 403) return `This token may not act for tenant ${tenant}.`;
+  return `${error.code}: ${error.message}`;
+}
+
+// The tenant is the token's own (iam/credentials/whoami), or the one named to act for (root's
+// tokens may act for any tenant); a pools/list for it shows the token may.
+async function signIn(event) {
+  event.preventDefault(); // nothing is submitted anywhere (form-action 'none')
+  const token = byId("token").value.trim();
+  const named = byId("tenant").value.trim();
+  const button = event.target.querySelector("button[type=submit]");
+  button.disabled = true;
+  let session;
+  try {
+    const caller = await call(token, "iam/credentials/whoami", {});
+    session = { token, tenant: named || caller.tenantId, credential: caller.credentialId };
+    await call(token, "compute/pools/list", { tenantId: session.tenant });
+  } catch (error) {
+    byId("sign-in-error").textContent = refusal(error, named);
+    return;
+  } finally {
+    button.disabled = false;
+  }
+  sessionStorage.setItem(SESSION_KEY, JSON.stringify(session));
+  start(session);
+}
+
+function start(session) {
+  active = { session, controller: new AbortController(), refreshing: null, again: false };
+  byId("sign-in").hidden = true;
+  byId("console").hidden = false;
+  byId("who").textContent = `tenant ${session.tenant}`;
+  byId("who").title = `credential ${session.credential}`;
+  for (const id of ["who", "live", "sign-out"]) byId(id).hidden = false;
+  byId("events").replaceChildren();
+  setLive("waiting", "connecting…");
+  refreshSoon(active);
+  follow(active);
+}
+
+// A refused or failed call: a dead token signs out; anything else is shown, and the caller
+// tries again after RETRY_MS.
+function failed(run, error, show) {
+  if (error.name === "AbortError" || run !== active) return;
+  if (error.status === 401) signOut("The token is no longer valid: sign in again.");
+  else show(`${error.code}: ${error.message}`);
+}
+
+// --- pools, nodes and reservations -----------------------------------------------------------
+
+// The API's refusal of what the token may not read (R1): 403, or 404 for what it may not see.
+const refused = (error) => error.status === 403 || error.status === 404;
+
+// One refresh at a time; asks made meanwhile fold into one more after it.
+function refreshSoon(run) {
+  if (run.refreshing) {
+    run.again = true;
+    return;
+  }
+  run.refreshing = refresh(run).finally(() => {
+    run.refreshing = null;
+    if (run.again && run === active) {
+      run.again = false;
+      refreshSoon(run);
+    }
+  });
+}
+
+// The pools with their ledgers, the fleet's nodes and the live reservations, each on its own:
+// a panel the token may not read (a refusal, 403 or 404) says so and the others are drawn.
+async function refresh(run) {
+  const { token, tenant } = run.session;
+  const signal = run.controller.signal;
+  const results = await Promise.allSettled([
+    poolsWithLedgers(token, tenant, signal),
+    // H7: without poolId, the fleet view: every node of every pool the tenant owns.
+    listAll(token, "compute/nodes/list", { tenantId: tenant, limit: PAGE }, signal),
+    listAll(
+      token,
+      "compute/reservations/list",
+      { tenantId: tenant, states: LIVE_STATES, limit: PAGE },
+      signal,
+    ),
+  ]);
+  if (run !== active) return;
+  const [pools, nodes, reservations] = results.map((result) => result.value);
+  const panels = [
+    ["pools", () => renderPools(...pools)],
+    ["nodes", () => renderNodes(nodes)],
+    ["reservations", () => renderReservations(reservations, nodes ?? [])],
+  ];
+  let retry = null;
+  results.forEach((result, i) => {
+    const [name, render] = panels[i];
+    if (result.status === "fulfilled") render();
+    else if (refused(result.reason)) {
+      byId(`${name}-count`).textContent = "";
+      byId(name).replaceChildren(empty(`This token may not read ${name}.`));
+    } else retry = retry ?? result.reason;
+  });
+  if (retry === null) showProblem(null);
+  else {
+    failed(run, retry, (text) => {
+      showProblem(text);
+      setTimeout(() => run === active && refreshSoon(run), RETRY_MS);
+    });
+  }
+}
+
+// Each pool's ledger rows, or null where the token may not read that pool's capacity.
+async function poolsWithLedgers(token, tenant, signal) {
+  const pools = await listAll(token, "compute/pools/list", { tenantId: tenant }, signal);
+  const ledgers = await Promise.all(
+    pools.map((pool) =>
+      call(token, "compute/pools/capacity", { tenantId: tenant, poolId: pool.id }, signal).then(
+        (ledger) => ledger.items,
+        (error) => (refused(error) ? null : Promise.reject(error)),
+      ),
+    ),
+  );
+  return [pools, ledgers];
+}
+
+function showProblem(text) {
+  byId("problem").hidden = text === null;
+  byId("problem").textContent = text ?? "";
+}
+
+function renderPools(pools, ledgers) {
+  byId("pools-count").textContent = `(${pools.length})`;
+  const cards = pools.map((pool, i) => poolCard(pool, ledgers[i]));
+  byId("pools").replaceChildren(
+    ...(cards.length ? cards : [empty("No pools visible to this tenant.")]),
+  );
+}
+
+function poolCard(pool, rows) {
+  const badges = [
+    pool.owned ? "owned" : `offered by ${pool.ownerTenantId}`,
+    pool.archived ? "archived" : null,
+  ];
+  return h(
+    "article",
+    { class: pool.archived ? "card pool archived" : "card pool", dataset: { poolId: pool.id } },
+    h(
+      "header",
+      {},
+      h("h3", {}, `${pool.gpuModel ?? "CPU"} · ${pool.sharing} · ${pool.class}`),
+      present(badges).map((badge) => h("span", { class: "badge" }, badge)),
+    ),
+    h(
+      "p",
+      { class: "meta" },
+      idCode(pool.id),
+      " on site ",
+      idCode(pool.siteId),
+      ` · version ${pool.version}`,
+    ),
+    rows === null
+      ? empty("This token may not read this pool's capacity.")
+      : rows.length
+        ? h("table", { class: "ledger" }, h("tbody", {}, rows.map(ledgerRow)))
+        : empty("No capacity yet: no node has joined."),
+  );
+}
+
+// H6: one resource's ledger as a bar: allocated, then available, then what is not schedulable
+// (unready or cordoned nodes, unhealthy GPUs), on a scale of the total (or of what was offered,
+// when more was sold than exists); the offered sum, when there is one, is a mark across the bar.
+function ledgerRow(row) {
+  const scale = Math.max(row.total, row.offered ?? 0, 1);
+  const share = (amount) => (100 * amount) / scale;
+  const unschedulable = Math.max(row.total - row.allocated - row.available, 0);
+  let x = 0;
+  const segment = (kind, amount) => {
+    const rect = svg("rect", { class: kind, x: share(x), y: 0, width: share(amount), height: 10 });
+    x += amount;
+    return rect;
+  };
+  const figures = [
+    ["total", row.total],
+    ["schedulable", row.schedulable],
+    ["allocated", row.allocated],
+    ["available", row.available],
+    ["offered", row.offered],
+  ].filter(([, value]) => value !== undefined);
+  const text = figures.map(([name, value]) => `${name} ${value}`).join(" · ");
+  const bar = svg(
+    "svg",
+    {
+      class: "ledger-bar",
+      viewBox: "0 0 100 10",
+      preserveAspectRatio: "none",
+      role: "img",
+      "aria-label": text,
+    },
+    svg("title", {}, `${row.resource}: ${text}`),
+    segment("allocated", row.allocated),
+    segment("available", row.available),
+    segment("unschedulable", unschedulable),
+    !row.offered // absent (not the owner) or nothing offered: no mark
+      ? null
+      : svg("rect", {
+          class: "offered",
+          x: Math.min(share(row.offered), 99.2),
+          y: 0,
+          width: 0.8,
+          height: 10,
+        }),
+  );
+  return h(
+    "tr",
+    { dataset: { resource: row.resource } },
+    h("th", {}, row.resource),
+    h("td", { class: "bar-cell" }, bar),
+    h(
+      "td",
+      { class: "figures" },
+      figures.map(([name, value], i) => [
+        i ? " · " : null,
+        h("span", { class: `figure ${name}` }, `${name} ${value}`),
+      ]),
+    ),
+  );
+}
+
+function renderNodes(nodes) {
+  byId("nodes-count").textContent = `(${nodes.length})`;
+  const groups = new Map(NODE_STATES.map((state) => [state, []]));
+  for (const node of nodes) {
+    if (!groups.has(node.state)) groups.set(node.state, []);
+    groups.get(node.state).push(node);
+  }
+  const sections = [...groups]
+    .filter(([, members]) => members.length > 0)
+    .map(([state, members]) =>
+      h(
+        "section",
+        { class: `state-group state-${state}`, dataset: { state } },
+        h("h3", {}, `${state} (${members.length})`),
+        nodeTable(members),
+      ),
+    );
+  byId("nodes").replaceChildren(
+    ...(sections.length ? sections : [empty("No nodes in the pools this tenant owns.")]),
+  );
+}
+
+function nodeTable(nodes) {
+  return h(
+    "table",
+    { class: "grid" },
+    h(
+      "thead",
+      {},
+      h(
+        "tr",
+        {},
+        ["host", "node", "pool", "schedulable", "GPUs (health)", "why"].map((t) => h("th", {}, t)),
+      ),
+    ),
+    h("tbody", {}, nodes.map(nodeRow)),
+  );
+}
+
+// H5: `healthy`, or `unhealthy: xid:79` with the agent's reason.
+function health(gpu) {
+  return gpu.healthReason ? `${gpu.health}: ${gpu.healthReason}` : gpu.health;
+}
+
+// H5: one chip per GPU, coloured by health; H1, H3: why a node is not (fully) schedulable.
+function nodeRow(node) {
+  const chips = node.gpus.map((gpu) =>
+    h(
+      "span",
+      {
+        class: `gpu ${gpu.health}`,
+        title: `GPU ${gpu.index} ${gpu.name}: ${health(gpu)}`,
+        dataset: { health: gpu.health },
+      },
+      String(gpu.index),
+    ),
+  );
+  const reasons = [
+    node.stateReason ? `${node.state}: ${node.stateReason}` : null,
+    node.cordon ? `cordoned: ${node.cordon.reason} (since ${when(node.cordon.at)})` : null,
+    node.drain
+      ? `drain ${node.drain.state}: ${node.drain.reason}` +
+        (node.drain.deadline ? ` (deadline ${when(node.drain.deadline)})` : "")
+      : null,
+    node.pendingReboot ? "reboot pending" : null,
+    ...node.gpus
+      .filter((gpu) => gpu.health !== "healthy")
+      .map((gpu) => `GPU ${gpu.index} ${health(gpu)}`),
+  ];
+  return h(
+    "tr",
+    { dataset: { nodeId: node.id } },
+    h("td", { class: "host" }, node.hostname),
+    h("td", {}, idCode(node.id)),
+    h("td", {}, idCode(node.poolId)),
+    h("td", { class: node.schedulable ? "yes" : "no" }, node.schedulable ? "yes" : "no"),
+    h("td", { class: "gpus" }, chips.length ? chips : h("span", { class: "none" }, "none")),
+    h(
+      "td",
+      { class: "reasons" },
+      present(reasons).map((reason) => h("div", { class: "reason" }, reason)),
+    ),
+  );
+}
+
+function renderReservations(reservations, nodes) {
+  byId("reservations-count").textContent = `(${reservations.length})`;
+  const hosts = new Map(nodes.map((node) => [node.id, node.hostname]));
+  const rows = [...reservations]
+    .sort((a, b) => b.createdAt.localeCompare(a.createdAt))
+    .map((r) =>
+      h(
+        "tr",
+        { dataset: { reservationId: r.id } },
+        h("td", {}, idCode(r.id)),
+        h("td", {}, r.tenantId),
+        h("td", {}, idCode(r.poolId)),
+        h("td", { class: `state ${r.state}` }, r.state),
+        h(
+          "td",
+          {},
+          Object.entries(r.resources)
+            .map(([name, amount]) => `${name} ${amount}`)
+            .join(", "),
+        ),
+        h("td", {}, r.nodeId ? (hosts.get(r.nodeId) ?? idCode(r.nodeId)) : "—"),
+        h("td", {}, r.reason ?? ""),
+        h("td", {}, when(r.createdAt)),
+      ),
+    );
+  const columns = ["id", "tenant", "pool", "state", "resources", "node", "reason", "created"];
+  byId("reservations").replaceChildren(
+    rows.length
+      ? h(
+          "table",
+          { class: "grid" },
+          h(
+            "thead",
+            {},
+            h(
+              "tr",
+              {},
+              columns.map((column) => h("th", {}, column)),
+            ),
+          ),
+          h("tbody", {}, rows),
+        )
+      : empty("None pending, placed or active."),
+  );
+}
+
+// --- the event log -----------------------------------------------------------------------------
+
+function setLive(state, text) {
+  byId("live").className = `live ${state}`;
+  byId("live").textContent = text;
+}
+
+// B2: each call answers at once while there are events after `after`, else waits up to
+// WAIT_SECONDS for one; `next` moves past what was read, shown to this credential or not.
+async function follow(run) {
+  const { token, tenant } = run.session;
+  const signal = run.controller.signal;
+  let after = 0;
+  while (run === active) {
+    try {
+      const page = await call(
+        token,
+        "compute/events/list",
+        { tenantId: tenant, after, limit: PAGE, waitSeconds: WAIT_SECONDS },
+        signal,
+      );
+      setLive("on", "live");
+      after = page.next;
+      if (page.items.length > 0) {
+        addEvents(page.items);
+        refreshSoon(run);
+      }
+    } catch (error) {
+      failed(run, error, (text) => setLive("stalled", `event log: ${text}; retrying`));
+      await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
+    }
+  }
+}
+
+function addEvents(events) {
+  const log = byId("events");
+  for (const event of events) {
+    log.prepend(
+      h(
+        "li",
+        { class: "event", dataset: { seq: event.seq, type: event.type } },
+        h("span", { class: "seq" }, `#${event.seq}`),
+        h("time", { datetime: event.at }, when(event.at)),
+        h("span", { class: "type" }, event.type),
+        event.poolId ? idCode(event.poolId) : null,
+        h("span", { class: "data" }, JSON.stringify(event.data).slice(0, 240)),
+      ),
+    );
+  }
+  while (log.childElementCount > MAX_EVENTS) log.lastElementChild.remove();
+}
+
+// --- start -------------------------------------------------------------------------------------
+
+byId("sign-in-form").addEventListener("submit", signIn);
+byId("sign-out").addEventListener("click", () => signOut(""));
+const session = savedSession();
+if (session) start(session);
+else showSignIn("");

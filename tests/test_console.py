@@ -1,0 +1,315 @@
+"""M2: the web console at /ui/, in Debian's headless Chromium driven by Playwright, against the
+real daemon with two recorded hosts joined: sign-in, the ledger bars, nodes, reservations, and
+an event that appears in the log through long-poll without a reload."""
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
+
+from tests.daemons import Daemon
+from tests.nodes import DGX_POLICY, recorded, wire
+
+REPO = Path(__file__).resolve().parent.parent
+# As root, on a closed network: no sandbox, and none of Chromium's own calls home.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+CORDON = "ECC errors on GPUs 3 and 5: RMA ticket 4711"
+# A credential of acme's that reads pools, their capacity and events, and nothing else.
+READER = {
+    "tenantId": "acme",
+    "statements": [
+        {
+            "effect": "allow",
+            "actions": [
+                "iam:credentials:read",
+                "compute:pools:read",
+                "compute:capacity:read",
+                "compute:events:read",
+            ],
+            "resources": ["compute-tenant", "compute-pool"],
+        }
+    ],
+}
+# Chromium logs each refused fetch as a console error.
+FORBIDDEN = "Failed to load resource: the server responded with a status of 403 (Forbidden)"
+# M2: nothing inline, nothing from another origin, no framing, no form posts.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+def api(daemon: Daemon, path: str, body: dict[str, Any], token: str | None = None) -> Any:
+    request = urllib.request.Request(
+        f"{daemon.url}/api/{path}",
+        data=json.dumps(body).encode(),
+        headers={
+            "Authorization": f"Bearer {token or daemon.token}",
+            "Content-Type": "application/json",
+        },
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def ready_node(daemon: Daemon, join_token: str, host: str) -> str:
+    """A recorded host joined, its NodeSpec reported applied as an agent's first cycle does
+    (H1: ready). Returns its node id."""
+    inventory = recorded(host)
+    node = api(
+        daemon,
+        "compute/nodes/join",
+        {
+            "joinToken": join_token,
+            "attestor": "join-token",
+            "hostname": inventory.hostname,
+            "inventory": wire(inventory),
+        },
+    )
+    spec = api(daemon, "compute/nodes/spec", {"nodeId": node["nodeId"]}, node["token"])
+    units = [{"id": unit["id"], "status": "applied"} for unit in spec["units"]]
+    api(
+        daemon,
+        "compute/nodes/report",
+        {
+            "nodeId": node["nodeId"],
+            "inventory": wire(inventory),
+            "applied": {"version": spec["version"], "units": units},
+        },
+        node["token"],
+    )
+    return str(node["nodeId"])
+
+
+def fleet(daemon: Daemon) -> tuple[str, str, str, str]:
+    """Root's H100 pool offered to acme (gpu 4) with dgx-h100-01 and dgx-h100-sick ready, the
+    sick one cordoned, and a gpu: 2 reservation placed: (pool, healthy node, sick node, res)."""
+    site = api(
+        daemon,
+        "compute/sites/create",
+        {"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"},
+    )
+    pool = api(
+        daemon,
+        "compute/pools/create",
+        {
+            "tenantId": "root",
+            "siteId": site["id"],
+            "class": "metal-host",
+            "gpuModel": "H100",
+            "policy": DGX_POLICY,
+        },
+    )["id"]
+    api(daemon, "iam/tenants/create", {"tenantId": "acme"})
+    offer = {"tenantId": "root", "poolId": pool, "toTenantId": "acme", "quota": {"gpu": 4}}
+    api(daemon, "compute/pools/offer", offer)
+    join = api(
+        daemon, "compute/joinTokens/create", {"tenantId": "root", "poolId": pool, "maxUses": 2}
+    )["token"]
+    healthy = ready_node(daemon, join, "dgx-h100-01")
+    sick = ready_node(daemon, join, "dgx-h100-sick")
+    api(daemon, "compute/nodes/cordon", {"tenantId": "root", "nodeId": sick, "reason": CORDON})
+    reservation = reserve(daemon, pool, 2)
+    assert reservation["nodeId"] == healthy, reservation
+    return pool, healthy, sick, reservation["id"]
+
+
+def reserve(daemon: Daemon, pool: str, gpus: int) -> Any:
+    body = {"tenantId": "root", "poolId": pool, "resources": {"gpu": gpus}}
+    reservation = api(daemon, "compute/reservations/create", body)
+    assert reservation["state"] == "placed", reservation
+    return reservation
+
+
+def get(url: str, **headers: str) -> tuple[int, Any]:
+    """A GET that follows no redirect: (status, headers)."""
+
+    class Keep(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    opener = urllib.request.build_opener(Keep)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=5) as response:
+            return response.status, response.headers
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers
+
+
+def figures(page: Page, pool: str, resource: str) -> str:
+    row = page.locator(f'[data-pool-id="{pool}"] tr[data-resource="{resource}"]')
+    return row.locator("td.figures").inner_text()
+
+
+def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """M2, H6, H5, H3, H7, B2, R1: the console's files come with a strict CSP; a bad token is
+    refused at sign-in; the root token (kept in sessionStorage only) shows the pool's ledger
+    as bars (gpu: total 16, schedulable 8, allocated 2, available 6, offered 4, as
+    pools/capacity answers), the nodes by state with unhealthy GPUs and the cordon reason, the
+    placed reservation, and a reservation made through the API appears in the event log and
+    the ledger without a reload; acme's token shows acme's view, and a token of acme's that
+    may not read nodes or reservations (R1) sees those panels refused. No request leaves
+    127.0.0.1 and the page logs no error but the refusals it was shown."""
+    pool, healthy, sick, reservation = fleet(daemon)
+    # Plain HTTP first: the redirects and the revalidation of a file the browser already has.
+    assert get(f"{daemon.url}/")[0] == 302 and get(f"{daemon.url}/")[1]["Location"] == "/ui/"
+    assert get(f"{daemon.url}/ui")[1]["Location"] == "/ui/"
+    status, headers = get(f"{daemon.url}/ui/app.js")
+    assert status == 200 and headers["Content-Type"] == "text/javascript; charset=utf-8"
+    assert get(f"{daemon.url}/ui/app.js", **{"If-None-Match": headers["ETag"]})[0] == 304
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "make test installs Debian's chromium (the browser target)"
+    inside: list[str] = []  # what the page asked of the daemon, seen by the route
+    outside: list[str] = []
+    errors: list[str] = []
+
+    def loopback_only(route: Route) -> None:
+        if urlsplit(route.request.url).hostname == "127.0.0.1":
+            inside.append(urlsplit(route.request.url).path)
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    def on_console(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            errors.append(message.text)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        context = browser.new_context(viewport={"width": 1440, "height": 1000})
+        context.set_default_timeout(10_000)
+        context.route("**/*", loopback_only)
+        page = context.new_page()
+        page.on("console", on_console)
+        page.on("pageerror", lambda error: errors.append(str(error)))
+
+        response = page.goto(f"{daemon.url}/")
+        assert response is not None and page.url == f"{daemon.url}/ui/"
+        assert response.headers["content-security-policy"] == CSP
+        assert response.headers["x-content-type-options"] == "nosniff"
+        assert response.headers["referrer-policy"] == "no-referrer"
+        assert response.headers["cache-control"] == "no-cache"
+
+        page.fill("#token", "not-a-token")
+        page.click("#sign-in-form button[type=submit]")
+        expect(page.locator("#sign-in-error")).to_have_text("Unknown, revoked or expired token.")
+        # Chromium logs a refused fetch as an error: this one, and no other, is expected.
+        assert errors == [
+            "Failed to load resource: the server responded with a status of 401 (Unauthorized)"
+        ]
+        errors.clear()
+        page.fill("#token", daemon.token)
+        page.click("#sign-in-form button[type=submit]")
+
+        # H6: the ledger as pools/capacity answers it, drawn as bars.
+        ledger = api(daemon, "compute/pools/capacity", {"tenantId": "root", "poolId": pool})
+        gpu = "total 16 · schedulable 8 · allocated 2 · available 6 · offered 4"
+        expect(
+            page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
+        ).to_have_text(gpu)
+        for row in ledger["items"]:
+            shown = [f"{name} {row[name]}" for name in ("total", "schedulable", "allocated")]
+            assert figures(page, pool, row["resource"]).startswith(" · ".join(shown)), row
+        bar = page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] svg.ledger-bar')
+        widths = {
+            kind: float(bar.locator(f"rect.{kind}").get_attribute("width") or "nan")
+            for kind in ("allocated", "available", "unschedulable")
+        }
+        assert widths == {"allocated": 12.5, "available": 37.5, "unschedulable": 50.0}
+        assert bar.locator("rect.offered").get_attribute("x") == "25"
+
+        # H5, H3: both nodes ready; the sick one's GPUs 3 and 5 unhealthy, and why it is cordoned.
+        ready = page.locator('#nodes section[data-state="ready"]')
+        expect(ready.locator("tbody tr")).to_have_count(2)
+        sick_row = ready.locator(f'tr[data-node-id="{sick}"]')
+        expect(sick_row.locator('.gpu[data-health="unhealthy"]')).to_have_text(["3", "5"])
+        expect(sick_row.locator("td.reasons")).to_contain_text(f"cordoned: {CORDON}")
+        expect(sick_row.locator("td.reasons")).to_contain_text("GPU 3 unhealthy: xid:79")
+        expect(sick_row.locator("td").nth(3)).to_have_text("no")
+        expect(page.locator(f'tr[data-node-id="{healthy}"] td').nth(3)).to_have_text("yes")
+        placed = page.locator(f'#reservations tr[data-reservation-id="{reservation}"]')
+        expect(placed.locator("td.state")).to_have_text("placed")
+        expect(placed).to_contain_text("dgx-h100-01")
+        expect(page.locator('#events li[data-type="pool.created"]')).to_have_count(1)
+        expect(page.locator("#live")).to_have_text("live")
+
+        # The token lives in this tab's sessionStorage only: no localStorage, no cookie.
+        saved = json.loads(page.evaluate("sessionStorage.getItem('better-compute.console')"))
+        assert (saved["token"], saved["tenant"]) == (daemon.token, "root")
+        assert page.evaluate("localStorage.length") == 0 and context.cookies() == []
+
+        # B2: an event made through the API reaches the open page by long-poll, no reload.
+        page.evaluate("window.stayed = true")
+        newest = int(page.locator("#events li").first.get_attribute("data-seq") or "0")
+        second = reserve(daemon, pool, 1)
+        expect(
+            page.locator(f'#reservations tr[data-reservation-id="{second["id"]}"]')
+        ).to_be_visible()
+        after = page.locator("#events li").first
+        assert int(after.get_attribute("data-seq") or "0") > newest
+        expect(page.locator("#events")).to_contain_text(second["id"])
+        expect(
+            page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
+        ).to_have_text("total 16 · schedulable 8 · allocated 3 · available 5 · offered 4")
+        assert page.evaluate("window.stayed") is True
+
+        shot = tmp_path / "console.png"
+        page.screenshot(path=str(shot), full_page=True)
+        stable = REPO / "test-output" / "console.png"
+        stable.parent.mkdir(exist_ok=True)
+        shutil.copyfile(shot, stable)
+        print(f"console screenshot: {shot} (copied to {stable})")
+
+        # A reload keeps the session; signing out forgets the token.
+        page.reload()
+        expect(page.locator(f'[data-pool-id="{pool}"]')).to_be_visible()
+        page.click("#sign-out")
+        expect(page.locator("#sign-in")).to_be_visible()
+        assert page.evaluate("sessionStorage.length") == 0
+
+        # Signed in with acme's own token the console acts for acme (whoami): the offered pool
+        # without `offered` (H6: the owner's figure), and no nodes (H7: the owner's view).
+        acme = api(daemon, "iam/credentials/create", {"tenantId": "acme"})["token"]
+        page.fill("#token", acme)
+        page.press("#token", "Enter")
+        expect(page.locator("#who")).to_have_text("tenant acme")
+        card = page.locator(f'[data-pool-id="{pool}"]')
+        expect(card.locator(".badge")).to_have_text("offered by root")
+        expect(card.locator('tr[data-resource="gpu"] td.figures')).to_have_text(
+            "total 16 · schedulable 8 · allocated 3 · available 5"
+        )
+        expect(card.locator("rect.offered")).to_have_count(0)
+        expect(page.locator("#nodes")).to_have_text("No nodes in the pools this tenant owns.")
+
+        assert errors == []
+
+        # R1: a token whose statements allow no nodes or reservations reads still sees its pools;
+        # those two panels say they are refused (and Chromium logs each refusal, to the end).
+        page.click("#sign-out")
+        page.fill("#token", api(daemon, "iam/credentials/create", READER)["token"])
+        page.press("#token", "Enter")
+        expect(card.locator('tr[data-resource="gpu"] td.figures')).to_be_visible()
+        expect(page.locator("#nodes")).to_have_text("This token may not read nodes.")
+        expect(page.locator("#reservations")).to_have_text("This token may not read reservations.")
+        browser.close()
+
+    assert {"/ui/", "/ui/app.js", "/ui/api.js", "/ui/app.css"} <= set(inside)
+    assert "/api/compute/events/list" in inside and outside == []
+    assert set(errors) == {FORBIDDEN}

@@ -1,0 +1,106 @@
+"""B6: a long read never holds the event loop; cached answers last exactly as long as the
+state they were made from."""
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+from controlplane.services import pools as pool_service
+from controlplane.storage.db import Store
+from tests.conftest import Api
+
+
+async def test_b6_a_list_blocked_in_its_read_does_not_delay_other_requests(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pools/list stuck inside its SQL (here: held on an event) runs on a reader thread:
+    pools/get, a write and another list are answered meanwhile; then the list ends."""
+    site = await api.site()
+    pool = await api.pool(site)
+    inside, release = threading.Event(), threading.Event()
+    visible_pools = pool_service.pool_sql.visible_pools
+
+    def slow_visible_pools(db: Any, tenant_id: str, *args: Any, **kwargs: Any) -> Any:
+        if tenant_id == "root" and not release.is_set():
+            inside.set()
+            assert release.wait(20), "the test never released the read"
+        return visible_pools(db, tenant_id, *args, **kwargs)
+
+    monkeypatch.setattr(pool_service.pool_sql, "visible_pools", slow_visible_pools)
+    listing = asyncio.create_task(api.ok("compute/pools/list", {"tenantId": "root"}))
+    assert await asyncio.to_thread(inside.wait, 10)
+    try:
+        got = await asyncio.wait_for(
+            api.ok("compute/pools/get", {"tenantId": "root", "poolId": pool["id"]}), 5
+        )
+        assert got["id"] == pool["id"]
+        await asyncio.wait_for(api.site(name="ams1"), 5)  # a write is not held either
+        await api.tenant("acme")
+        acme = await asyncio.wait_for(
+            api.ok("compute/pools/list", {"tenantId": "acme"}, await api.token_for("acme")), 5
+        )
+        assert acme["items"] == []
+        assert not listing.done()
+    finally:
+        release.set()
+    assert [p["id"] for p in (await asyncio.wait_for(listing, 10))["items"]] == [pool["id"]]
+
+
+async def test_b6_a_cached_answer_is_dropped_by_the_next_write_that_changes_anything(
+    api: Api,
+) -> None:
+    """pools/list and pools/get answer from the cache until any write commits: an offer's
+    quota, an update's version and a new pool are seen at once, by the owner and the
+    tenant offered (every cached read is keyed by credential and body)."""
+    await api.tenant("acme")
+    acme = await api.token_for("acme")
+    site = await api.site()
+    pool = await api.pool(site)
+    get = {"tenantId": "root", "poolId": pool["id"]}
+    for _ in range(2):  # the second answer is the cached one
+        assert (await api.ok("compute/pools/get", get))["version"] == 1
+        assert await api.ok("compute/pools/list", {"tenantId": "acme"}, acme) == {
+            "items": [],
+            "next": None,
+        }
+    await api.offer(pool["id"], "acme", {"gpu": 3})
+    shown = await api.ok("compute/pools/list", {"tenantId": "acme"}, acme)
+    assert [q["max"] for q in shown["items"][0]["quotas"]] == [3]
+    await api.ok("compute/pools/update", {**get, "gpuModel": "H200"})
+    assert (await api.ok("compute/pools/get", get))["version"] == 2
+    await api.offer(pool["id"], "acme", {"gpu": 5})
+    shown = await api.ok("compute/pools/list", {"tenantId": "acme"}, acme)
+    assert [q["max"] for q in shown["items"][0]["quotas"]] == [5]
+    assert shown["items"][0]["gpuModel"] == "H200"
+
+
+def test_b6_the_generation_moves_with_each_write_and_only_then(db: Any) -> None:
+    """A transaction that writes nothing (an idle reconcile pass) keeps cached answers; one
+    that writes anything, or rolls back, is told apart."""
+    store = Store(db)
+    try:
+        with store.snapshot() as reader:
+            before = store.generation(reader)
+        store.transact(lambda d: d.execute("SELECT count(*) FROM pools").fetchone())
+        with store.snapshot() as reader:
+            assert store.generation(reader) == before
+        store.transact(
+            lambda d: d.execute(
+                "INSERT INTO tenants (id, created_at) VALUES ('acme', '2026-12-01T00:00:00Z')"
+            )
+        )
+        with store.snapshot() as reader:
+            assert store.generation(reader) == before + 1
+
+        def refused(d: Any) -> None:
+            d.execute("INSERT INTO tenants (id, created_at) VALUES ('beta', 'x')")
+            raise RuntimeError("refused")
+
+        with pytest.raises(RuntimeError):
+            store.transact(refused)
+        with store.snapshot() as reader:
+            assert store.generation(reader) == before + 1
+    finally:
+        store.close()
