@@ -4,14 +4,18 @@ The control plane on its SQLite file; three pools on a shared site, each with an
 reporting a recorded host (agent/fixtures/host-fixtures.json): the DGX H100 (exclusive),
 the DGX A100 with MIG on half its GPUs (mig), the L40S server (time-sliced, 4 slots a GPU);
 tenant `acme` with the H100 and A100 pools offered to it. Agents apply their NodeSpec under
-the data directory, never to this machine. It prints ready-to-paste commands, and Ctrl-C
-stops everything it started. Running it again reuses what the data directory holds.
+the data directory, never to this machine. It prints ready-to-paste commands (kept in
+`try-this.txt` in the data directory), and Ctrl-C stops everything it started. The logs go
+to `controlplane.log` and `agents/*/agent.log` there; the terminal shows their warnings and
+errors only. Running it again reuses what the data directory holds.
 """
 
 import json
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -75,8 +79,32 @@ POOLS = (
 )
 
 
+# A console-format log line at info or below: it goes to the log file only.
+QUIET = re.compile(rb"^\S+ \[(?:debug|info) *\] ")
+
+
 def _bin(name: str) -> str:
     return str(Path(sys.executable).parent / name)
+
+
+def _copy_log(child: subprocess.Popen[bytes], path: Path, name: str) -> threading.Thread:
+    """A thread copying the child's output into the log file at ``path``; lines at warning or
+    above, and what is not a log record (a traceback, a usage error), go to the terminal's
+    stderr too, after ``name``."""
+    source = child.stdout
+    assert source is not None
+
+    def copy() -> None:
+        with path.open("ab", buffering=0) as log:
+            for line in source:
+                log.write(line)
+                if not QUIET.match(line):
+                    sys.stderr.buffer.write(f"{name}: ".encode() + line)
+                    sys.stderr.flush()
+
+    thread = threading.Thread(target=copy, name=f"log {name}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _call(url: str, token: str, path: str, body: dict[str, Any]) -> Any:
@@ -92,7 +120,7 @@ def _call(url: str, token: str, path: str, body: dict[str, Any]) -> Any:
 def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
     for _ in range(200):
         if server.poll() is not None:
-            raise click.ClickException("the control plane exited; see its log above")
+            raise click.ClickException("the control plane exited; see its errors above")
         try:
             with urllib.request.urlopen(f"{url}/readyz", timeout=1):
                 return
@@ -101,13 +129,15 @@ def _wait_ready(url: str, server: subprocess.Popen[bytes]) -> None:
     raise click.ClickException("the control plane did not become ready")
 
 
-def _wait_nodes(url: str, root: str, count: int, seconds: float = 30) -> list[Any]:
-    """The fleet once ``count`` nodes are ready (H1: their agents applied their NodeSpecs),
-    or as it is after ``seconds``."""
+def _wait_nodes(url: str, root: str, pool_ids: set[str], seconds: float = 30) -> list[Any]:
+    """The nodes of the demo's pools once each pool has a ready one (H1: its agent applied
+    its NodeSpec), or as they are after ``seconds``."""
     deadline = time.monotonic() + seconds
     while True:
-        nodes = list(_call(url, root, "compute/nodes/list", {"tenantId": "root"})["items"])
-        if sum(n["state"] == "ready" for n in nodes) >= count or time.monotonic() > deadline:
+        fleet = _call(url, root, "compute/nodes/list", {"tenantId": "root"})["items"]
+        nodes = [n for n in fleet if n["poolId"] in pool_ids]
+        ready = {n["poolId"] for n in nodes if n["state"] == "ready"}
+        if ready == pool_ids or time.monotonic() > deadline:
             return nodes
         time.sleep(0.2)
 
@@ -194,7 +224,46 @@ def _agent(url: str, data_dir: Path, spec: DemoPool, interval: float) -> subproc
             str(interval),
             "--log-format",
             "console",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _banner(url: str, data_dir: Path, pools: list[tuple[DemoPool, str]], nodes: list[Any]) -> str:
+    """What the demo serves, and commands to paste into another terminal (absolute paths, so
+    they work from any directory)."""
+    found = {(n["poolId"], n["hostname"]): n for n in nodes}
+    lines = []
+    for spec, pool_id in pools:
+        node = found.get((pool_id, spec.host))
+        joined = (
+            f"joined as {node['id']}"
+            if node
+            else f"has no node yet: see {data_dir / 'agents' / spec.key / 'agent.log'}"
+        )
+        lines += [
+            f"  {spec.gpu_model} {spec.sharing:<9}  {pool_id}",
+            f"{'':18}{spec.host} {joined}",
         ]
+    states = ", ".join(f"{n['hostname']} {n['state']}" for n in nodes)
+    h100 = next(pool_id for spec, pool_id in pools if spec.key == "demo-h100")
+    root, acme = (data_dir / "root.token").resolve(), (data_dir / "acme.token").resolve()
+    pools_text = "\n".join(lines)
+    return (
+        f"better-compute is serving on {url} with three agents on recorded hosts:\n{pools_text}\n"
+        f"Nodes: {states}.\n"
+        f"Tokens: {root} (root), {acme} (tenant acme), mode 0600.\n"
+        f"NodeSpecs are applied under {data_dir / 'agents'}/*/root, never to this machine.\n"
+        f"Logs: {data_dir / 'controlplane.log'}, {data_dir / 'agents'}/*/agent.log "
+        "(their warnings and errors show here too).\n\n"
+        "Try, in another terminal:\n"
+        f'  export PATH="{Path(sys.executable).parent}:$PATH"\n'
+        f"  export BETTER_COMPUTE_URL={url} BETTER_COMPUTE_TOKEN_FILE={acme}\n"
+        "  better-compute pools list --tenant acme\n"
+        f"  better-compute pools capacity --tenant acme {h100}\n"
+        f"  better-compute reservations create --tenant acme {h100} --resource gpu=2\n"
+        f"  BETTER_COMPUTE_TOKEN_FILE={root} better-compute nodes list --tenant root\n"
     )
 
 
@@ -206,8 +275,20 @@ def _agent(url: str, data_dir: Path, spec: DemoPool, interval: float) -> subproc
 @click.option(
     "--interval", type=float, default=30.0, show_default=True, help="Agent report interval."
 )
-def demo(data_dir: Path, listen: str, interval: float) -> None:
-    """Serve the control plane with three agents on recorded hosts, until Ctrl-C."""
+@click.option(
+    "--reconcile-interval",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    help="Seconds between the control plane's reconciler passes.",
+)
+def demo(data_dir: Path, listen: str, interval: float, reconcile_interval: float) -> None:
+    """Serve the control plane with three agents on recorded hosts, until Ctrl-C.
+
+    It prints commands to try, kept in DATA/try-this.txt (`cat` it to see them again). The
+    logs go to DATA/controlplane.log and DATA/agents/*/agent.log; the terminal shows their
+    warnings and errors.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     url = f"http://{listen}"
     token_file = data_dir / "root.token"
@@ -221,36 +302,30 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
             listen,
             "--root-token-file",
             str(token_file),
+            "--reconcile-interval",
+            str(reconcile_interval),
             "--log-format",
             "console",
-        ]
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
     )
+    copies = [_copy_log(server, data_dir / "controlplane.log", "controlplane")]
     agents: list[subprocess.Popen[bytes]] = []
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         _wait_ready(url, server)
         pools = _set_up(url, token_file.read_text().strip(), data_dir)
-        agents = [_agent(url, data_dir, spec, interval) for spec, _ in pools]
-        h100 = next(pool_id for spec, pool_id in pools if spec.key == "demo-h100")
-        nodes = _wait_nodes(url, token_file.read_text().strip(), len(pools))
-        states = ", ".join(f"{n['hostname']} {n['state']}" for n in nodes)
-        lines = "\n".join(
-            f"  {pool_id}  {spec.gpu_model} {spec.sharing:<9} ← {spec.host}"
-            for spec, pool_id in pools
-        )
+        for spec, _ in pools:
+            agents.append(_agent(url, data_dir, spec, interval))
+            copies.append(
+                _copy_log(agents[-1], data_dir / "agents" / spec.key / "agent.log", spec.host)
+            )
+        nodes = _wait_nodes(url, token_file.read_text().strip(), {p for _, p in pools})
+        banner = _banner(url, data_dir, pools, nodes)
+        (data_dir / "try-this.txt").write_text(banner)
         click.echo(
-            f"\nbetter-compute is serving on {url} with three agents on recorded hosts:\n{lines}\n"
-            f"Nodes: {states}.\n"
-            f"Tokens: {token_file} (root), {data_dir / 'acme.token'} (tenant acme), mode 0600.\n"
-            "NodeSpecs are applied under "
-            f"{data_dir / 'agents'}/*/root, never to this machine.\n\n"
-            "Try, in another terminal:\n"
-            f"  export BETTER_COMPUTE_URL={url} BETTER_COMPUTE_TOKEN_FILE={data_dir / 'acme.token'}\n"
-            "  .venv/bin/better-compute pools list --tenant acme\n"
-            f"  .venv/bin/better-compute pools capacity --tenant acme {h100}\n"
-            f"  .venv/bin/better-compute reservations create --tenant acme {h100} --resource gpu=2\n"
-            f"  BETTER_COMPUTE_TOKEN_FILE={token_file} .venv/bin/better-compute nodes list --tenant root\n"
-            "Ctrl-C stops everything.\n"
+            f"\n{banner}This again: cat {data_dir / 'try-this.txt'}. Ctrl-C stops everything.\n"
         )
         server.wait()
     except KeyboardInterrupt:
@@ -264,3 +339,5 @@ def demo(data_dir: Path, listen: str, interval: float) -> None:
                 process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 process.kill()
+        for copy in copies:
+            copy.join(timeout=5)  # the last lines reach the log files

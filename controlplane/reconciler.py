@@ -1,5 +1,5 @@
 """The reconciler: every --reconcile-interval, one pass over the fleet in one writer transaction:
-liveness stamps and lost nodes, stale nodes' rows and atoms (each in its own savepoint, R5),
+lost nodes, stale nodes' rows and atoms (each in its own savepoint, R5),
 then the placer's retries and placed → active. It sits on top of capacity/ and services/.
 
 Liveness: reports stamp memory only. Every replica writes its nodes' stamps to its

@@ -5,6 +5,7 @@ import asyncio
 import threading
 from typing import Any
 
+import msgspec
 import pytest
 
 from controlplane.services import pools as pool_service
@@ -104,3 +105,23 @@ def test_b6_the_generation_moves_with_each_write_and_only_then(db: Any) -> None:
             assert store.generation(reader) == before + 1
     finally:
         store.close()
+
+
+def test_b6_a_long_list_is_encoded_in_slices_to_the_same_bytes() -> None:
+    """The sliced encoding (so the loop can run between slices) is the one-call encoding."""
+    from controlplane.app import ENCODE_SLICE, encode_answer
+    from shared.schemas import SiteList, SiteView
+
+    sites = [
+        SiteView(
+            id=f"site_{n:026d}",
+            owner_tenant_id="root",
+            name=f'a "quoted" ,"items":[] name {n}',
+            region="eu",
+            kind="shared",
+            created_at="2026-12-01T00:00:00.000Z",
+        )
+        for n in range(ENCODE_SLICE * 2 + 7)
+    ]
+    for answer in (SiteList(items=sites, next="site_x"), SiteList(items=sites[:3], next=None)):
+        assert encode_answer(answer) == msgspec.json.encode(answer)

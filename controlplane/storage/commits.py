@@ -9,6 +9,7 @@ an event committed is not necessarily one visible to its tenant.
 """
 
 import asyncio
+import contextlib
 import threading
 
 import structlog
@@ -48,6 +49,7 @@ class CommitListener:
     """On PostgreSQL, a thread that LISTENs for every replica's commits (this one's too)."""
 
     def __init__(self, store: Store, signal: CommitSignal) -> None:
+        self._store = store
         self._location = str(store.location)
         self._signal = signal
         self._stop = threading.Event()
@@ -68,6 +70,8 @@ class CommitListener:
                     conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                     while not self._stop.is_set():
                         for notice in conn.notifies(timeout=LISTEN_TIMEOUT_S):
+                            if self._stop.is_set():
+                                return
                             loop.call_soon_threadsafe(self._signal.advance, int(notice.payload))
             except Exception:
                 if self._stop.is_set():
@@ -77,6 +81,9 @@ class CommitListener:
                 self._stop.wait(LISTEN_TIMEOUT_S)
 
     def stop(self) -> None:
+        """Stop listening; a notice of seq 0 (news to no one) wakes the thread at once."""
         self._stop.set()
+        with contextlib.suppress(Exception):
+            self._store.reader.execute("SELECT pg_notify(?, '0')", [EVENTS_CHANNEL])
         if self._thread is not None:
             self._thread.join(timeout=LISTEN_TIMEOUT_S * 3)
