@@ -5,7 +5,6 @@ the SHA-256 of (tenant, caller, key) in the same alphabet: 52 characters, the
 top of the seed's 26…52 range.
 """
 
-import base64
 import hashlib
 import random
 
@@ -21,18 +20,15 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{str(ULID()).lower()}"
 
 
-# RFC 4648 base32 letters → Crockford's lowercase alphabet, for bytes.translate.
-_TO_CROCKFORD = bytes.maketrans(b"ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", ALPHABET.encode())
-
-
 def request_id() -> str:
-    """A random id for one HTTP request (80 bits).
+    """A random id for one HTTP request: 64 bits as 16 hex digits (hex is a subset of the
+    id alphabet).
 
-    Request ids correlate log lines; they guard nothing, so the fast
-    non-cryptographic generator is enough and saves a syscall per request.
+    Request ids correlate log lines; they guard nothing, so the fast non-cryptographic
+    generator is enough and saves a syscall per request; hex formatting is one C call where
+    base32 was a microsecond of Python per request.
     """
-    raw = random.getrandbits(80).to_bytes(10, "big")
-    return "req_" + base64.b32encode(raw).translate(_TO_CROCKFORD).decode()
+    return f"req_{random.getrandbits(64):016x}"
 
 
 def derived_id(prefix: str, *parts: str) -> str:

@@ -16,6 +16,7 @@ write-and-flush: through structlog that line was ~11% of a ``pools/get``'s CPU.
 """
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -104,9 +105,24 @@ def configure_logging(
 
 
 def _line_writer(binary: Any) -> Callable[[bytes], None]:
+    """One ``write`` per line: straight to the file descriptor when the stream has one (no
+    buffer in between to flush), else the stream's write and flush."""
+    try:
+        fd = binary.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if fd is None:
+
+        def write_and_flush(line: bytes) -> None:
+            binary.write(line)
+            binary.flush()
+
+        return write_and_flush
+    binary.flush()  # what is already buffered goes first
+
     def write(line: bytes) -> None:
-        binary.write(line)
-        binary.flush()
+        while line:
+            line = line[os.write(fd, line) :]  # a pipe may take part of a long line
 
     return write
 
