@@ -6,7 +6,7 @@ import itertools
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from importlib.metadata import version
 from typing import Any
 
@@ -29,7 +29,7 @@ from controlplane.services.access import authorize
 from controlplane.services.iam import authenticate, bootstrap, still_live
 from controlplane.services.reports import authenticate_node
 from controlplane.storage.commits import CommitListener, CommitSignal
-from controlplane.storage.db import Store
+from controlplane.storage.db import Store, generation
 from controlplane.storage.events import latest_seq
 from controlplane.storage.migrations import MIGRATIONS, schema_version
 from controlplane.storage.sql import Database
@@ -40,6 +40,7 @@ from shared.errors import (
     PayloadTooLarge,
     Unauthenticated,
     error_body,
+    relayed_error,
 )
 from shared.ids import request_id as new_request_id
 from shared.log import log_request
@@ -244,10 +245,11 @@ def identify(
     method: Method,
     db: Database,
     token: str | None,
-    request: web.Request,
+    request: MutableMapping[Any, Any],
     runtime: Runtime,
 ) -> Principal | dict[str, Any] | None:
-    """Who calls, by the method's kind of credential; UNAUTHENTICATED when unknown."""
+    """Who calls, by the method's kind of credential; UNAUTHENTICATED when unknown. Who it
+    is goes in ``request`` (the request, or a worker's stand-in) for the log line."""
     if method.auth == "credential":
         assert token is not None
         principal = authenticate(db, token, runtime.credentials)
@@ -302,7 +304,7 @@ def run_read(
     method: Method,
     call: Read,
     token: str | None,
-    request: web.Request,
+    request: MutableMapping[Any, Any],
     runtime: Runtime,
     body: Any,
 ) -> Callable[[Database], tuple[int, msgspec.Struct, bytes]]:
@@ -312,9 +314,9 @@ def run_read(
     def run(db: Database) -> tuple[int, msgspec.Struct, bytes]:
         caller = identify(method, db, token, request, runtime)
         authorize(db, caller, method.access, body)
-        generation = runtime.db.generation(db) if call.cached else 0
+        made_at = generation(db) if call.cached else 0
         answer = call.fn(db, caller, body, runtime)
-        return generation, answer, encode_answer(answer)
+        return made_at, answer, encode_answer(answer)
 
     return run
 
@@ -332,23 +334,30 @@ async def answer_read(
         # Two autocommit statements, no transaction: the credential is live, then the state
         # a cached answer must have been made at.
         caller = identify(method, store.reader, token, request, runtime)
-        generation = store.generation(store.reader)
+        now_at = generation(store.reader)
         assert isinstance(caller, Principal), "a cached read is a credential's"
         key = (method.path, caller.credential_id, await request.read())
-        hit = runtime.answers.get(key, generation)
+        hit = runtime.answers.get(key, now_at)
         if hit is not None:
             return hit  # made at this generation, for this credential and body, after its decision
+        if call.offload and runtime.workers.ready:
+            made_at, encoded = await read_in_worker(request, runtime, method, token)
+            runtime.answers.put(key, made_at, encoded)
+            return encoded
     loop = asyncio.get_running_loop()
     deadline = None
     while True:
         seen = runtime.commits.latest  # before reading: a later commit is news to this read
         run = run_read(method, call, token, request, runtime, body)
         if call.offload:
-            generation, answer, encoded = await store.read(run)
+            started = time.perf_counter()
+            made_at, answer, encoded = await store.read(run)
+            if call.cached:
+                runtime.workers.saw(time.perf_counter() - started)
         else:
             # No await inside: the read transaction never spans a suspension.
             with store.snapshot() as db:
-                generation, answer, encoded = run(db)
+                made_at, answer, encoded = run(db)
         if call.long_poll is None:
             break
         if deadline is None:
@@ -359,8 +368,22 @@ async def answer_read(
             break
         body = again
     if key is not None:
-        runtime.answers.put(key, generation, encoded)
+        runtime.answers.put(key, made_at, encoded)
     return encoded
+
+
+async def read_in_worker(
+    request: web.Request, runtime: Runtime, method: Method, token: str | None
+) -> tuple[int, bytes]:
+    """A cached list read by a worker process (B6): its generation and encoded answer, or
+    the error it decided, raised here as the same ApiError."""
+    outcome = await runtime.workers.answer(method.path, token, await request.read())
+    if outcome[0] == "error":
+        _, status, code, details = outcome
+        raise relayed_error(status, code, details)
+    _, made_at, encoded, caller = outcome
+    request[CALLER] = caller
+    return made_at, encoded
 
 
 def method_handler(method: Method) -> Handler:
@@ -463,6 +486,7 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
     runtime.store = None
     if listener is not None:
         listener.stop()
+    runtime.workers.close()
     store.close()
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from controlplane.storage.db import Durability
 
 MAX_BODY_BYTES = 1024 * 1024  # request bodies over 1 MiB are refused
+READ_WORKERS = 2  # processes for long cached lists, started on the first slow one (B6)
 
 
 @dataclass(frozen=True)
@@ -21,3 +22,4 @@ class Config:
     attestors: frozenset[str] = field(default_factory=lambda: frozenset({"join-token"}))
     # R7: commits synced before the answer ("full"); "relaxed" trades power-loss safety away.
     durability: Durability = "full"
+    read_workers: int = READ_WORKERS

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from controlplane.app import make_app
-from controlplane.config import Config
+from controlplane.config import READ_WORKERS, Config
 from controlplane.demo import demo
 from controlplane.storage.db import Durability, is_postgres
 from shared.log import configure_logging
@@ -291,6 +291,14 @@ def cli() -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The private key (PEM) of --tls-cert.",
 )
+@click.option(
+    "--read-workers",
+    type=click.IntRange(min=0, max=64),
+    default=READ_WORKERS,
+    show_default=True,
+    help="Worker processes for long cached lists, started when a read is first seen slow "
+    "(0: lists stay on reader threads; docs/reads.md).",
+)
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 @click.option(
     "--log-level",
@@ -310,6 +318,7 @@ def serve(
     durability: Durability,
     tls_cert: Path | None,
     tls_key: Path | None,
+    read_workers: int,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -337,6 +346,7 @@ def serve(
         reconcile_interval=reconcile_interval,
         node_lost_after=node_lost_after,
         durability=durability,
+        read_workers=read_workers,
     )
     asyncio.run(
         run_server(

@@ -4,6 +4,7 @@ import time
 from dataclasses import dataclass, field
 
 from controlplane.api.answers import AnswerCache
+from controlplane.api.workers import ReadWorkers
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache
@@ -24,9 +25,11 @@ class Runtime:
     answers: AnswerCache = field(default_factory=AnswerCache)  # cached reads' answers (B6)
     commits: CommitSignal = field(default_factory=CommitSignal)  # long-polls wait on it (B2)
     leadership: Leadership = field(init=False)
+    workers: ReadWorkers = field(init=False)  # long cached lists, in other processes (B6)
 
     def __post_init__(self) -> None:
         self.leadership = Leadership(self.config.db_path)
+        self.workers = ReadWorkers(self.config, self.config.read_workers)
 
     @property
     def db(self) -> Store:

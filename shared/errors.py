@@ -66,3 +66,20 @@ def error_body(code: str, message: str, details: dict[str, Any], request_id: str
     return {
         "error": {"code": code, "message": message, "details": details, "requestId": request_id}
     }
+
+
+def _error_classes(base: type[ApiError]) -> dict[tuple[int, str], type[ApiError]]:
+    found = {(base.status, base.code): base}
+    for sub in base.__subclasses__():
+        found.update(_error_classes(sub))
+    return found
+
+
+def relayed_error(status: int, code: str, details: dict[str, Any]) -> ApiError:
+    """The error another process decided (a read worker), as the class that has its code and
+    status; ``details`` carries its ``message`` beside the details."""
+    details = dict(details)
+    message = str(details.pop("message", ""))
+    error = _error_classes(ApiError).get((status, code), ApiError)(message)
+    error.details = details
+    return error

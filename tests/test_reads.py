@@ -2,14 +2,18 @@
 state they were made from."""
 
 import asyncio
+import dataclasses
 import threading
 from typing import Any
 
 import msgspec
 import pytest
 
+from controlplane.api import workers
+from controlplane.app import RUNTIME, make_app
+from controlplane.config import Config
 from controlplane.services import pools as pool_service
-from controlplane.storage.db import Store
+from controlplane.storage.db import Store, generation
 from tests.conftest import Api
 
 
@@ -83,17 +87,17 @@ def test_b6_the_generation_moves_with_each_write_and_only_then(db: Any) -> None:
     store = Store(db)
     try:
         with store.snapshot() as reader:
-            before = store.generation(reader)
+            before = generation(reader)
         store.transact(lambda d: d.execute("SELECT count(*) FROM pools").fetchone())
         with store.snapshot() as reader:
-            assert store.generation(reader) == before
+            assert generation(reader) == before
         store.transact(
             lambda d: d.execute(
                 "INSERT INTO tenants (id, created_at) VALUES ('acme', '2026-12-01T00:00:00Z')"
             )
         )
         with store.snapshot() as reader:
-            assert store.generation(reader) == before + 1
+            assert generation(reader) == before + 1
 
         def refused(d: Any) -> None:
             d.execute("INSERT INTO tenants (id, created_at) VALUES ('beta', 'x')")
@@ -102,7 +106,7 @@ def test_b6_the_generation_moves_with_each_write_and_only_then(db: Any) -> None:
         with pytest.raises(RuntimeError):
             store.transact(refused)
         with store.snapshot() as reader:
-            assert store.generation(reader) == before + 1
+            assert generation(reader) == before + 1
     finally:
         store.close()
 
@@ -125,3 +129,42 @@ def test_b6_a_long_list_is_encoded_in_slices_to_the_same_bytes() -> None:
     ]
     for answer in (SiteList(items=sites, next="site_x"), SiteList(items=sites[:3], next=None)):
         assert encode_answer(answer) == msgspec.json.encode(answer)
+
+
+async def test_b6_a_slow_cached_list_starts_worker_processes_that_answer_the_same(
+    config: Config, aiohttp_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a cached list is seen slow, worker processes start and answer those lists: the
+    same answers, the same refusals (IAM decided in the worker), the caller in the log line."""
+    monkeypatch.setattr(workers, "SLOW_READ_S", 0.0)  # every list is "slow" here
+    app = make_app(dataclasses.replace(config, read_workers=1))
+    client = await aiohttp_client(app)
+    api = Api(client, config.root_token_file.read_text().strip())
+    site = await api.site()
+    pools = [await api.pool(site) for _ in range(3)]
+    await api.tenant("acme")
+    acme = await api.token_for("acme")
+    await api.offer(pools[0]["id"], "acme", {"gpu": 2})
+    by_thread = await api.ok("compute/pools/list", {"tenantId": "acme"}, acme)
+    runtime = app[RUNTIME]
+    for _ in range(200):  # the worker starts in the background (spawn: a fresh interpreter)
+        if runtime.workers.ready:
+            break
+        await asyncio.sleep(0.1)
+    assert runtime.workers.ready
+    # Another body (a page): not in the cache, so the worker reads it.
+    by_worker = await api.ok("compute/pools/list", {"tenantId": "acme", "limit": 10}, acme)
+    assert runtime.workers.answered == 1
+    assert by_worker["items"] == by_thread["items"]
+    everything = await api.ok("compute/pools/list", {"tenantId": "root", "limit": 2})
+    assert [p["id"] for p in everything["items"]] == sorted(p["id"] for p in pools)[:2]
+    refused = {"tenantId": "root", "limit": 3}
+    await api.err("compute/pools/list", refused, "PERMISSION_DENIED", token=acme, status=403)
+    await api.err(
+        "compute/sites/list",
+        {"tenantId": "acme", "cursor": "bad cursor"},
+        "INVALID_INPUT",
+        "cursor",
+        acme,
+    )
+    assert runtime.workers.answered == 3

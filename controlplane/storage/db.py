@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -108,6 +108,23 @@ def _private_files(path: Path) -> None:
 
 
 @contextmanager
+def snapshot_of(db: Database) -> Iterator[Database]:
+    """A read transaction on ``db``: every statement inside sees the same committed state."""
+    postgres = db.dialect.name == "postgresql"
+    db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if postgres else "BEGIN")
+    try:
+        yield db
+    finally:
+        db.execute("COMMIT")
+
+
+def generation(db: Database) -> int:
+    """The counter every committed mutation that wrote anything moves (read in ``db``'s
+    transaction, so an answer made there is tagged with the state it saw)."""
+    return int(db.execute("SELECT n FROM generation").fetchone()[0])
+
+
+@contextmanager
 def savepoint(db: Database) -> Iterator[None]:
     """A nested transaction: on an exception, what it wrote is undone and the exception goes
     on, while the enclosing transaction and what it wrote before stay (R5)."""
@@ -157,16 +174,9 @@ class Store:
         view._gate = gate
         return view
 
-    @contextmanager
-    def snapshot(self, db: Database | None = None) -> Iterator[Database]:
-        """A read transaction (on the loop's reader unless ``db`` is given): every statement
-        inside sees the same committed state."""
-        db = self.reader if db is None else db
-        db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY" if self.postgres else "BEGIN")
-        try:
-            yield db
-        finally:
-            db.execute("COMMIT")
+    def snapshot(self, db: Database | None = None) -> AbstractContextManager[Database]:
+        """A read transaction on the loop's reader (or on ``db``)."""
+        return snapshot_of(self.reader if db is None else db)
 
     def _thread_reader(self) -> Database:
         db: Database | None = getattr(self._local, "db", None)
@@ -220,11 +230,6 @@ class Store:
             raise
         db.execute("COMMIT")
         return result, db.appended
-
-    def generation(self, db: Database) -> int:
-        """The counter every committed mutation that wrote anything moves (read in ``db``'s
-        transaction, so an answer made there is tagged with the state it saw)."""
-        return int(db.execute("SELECT n FROM generation").fetchone()[0])
 
     async def write(self, fn: Callable[[Database], T]) -> T:
         """Run the mutation ``fn`` on the writer thread, in one transaction."""

@@ -1,0 +1,139 @@
+"""Long reads in worker processes, once the fleet makes them long (B6).
+
+A reader thread takes a list's SQL off the event loop, but its Python (rows to
+views to JSON) still holds the interpreter, so the loop waits for it at every
+switch: with a 10,000-pool list computing, a one-row ``pools/get`` went from a
+0.5 ms p99 to 5 ms and more. Reads that depend on nothing but the database, the
+credential and the body (the ``cached`` ones) can run anywhere with a
+connection: in a small pool of worker processes, each with its own reader
+connection and credential cache, they use another core and leave the loop's
+interpreter alone.
+
+The pool is started only when a read was seen to be slow (a fleet where lists
+take milliseconds), so a small control plane never pays for the processes; its
+reads stay on the reader threads until the workers are up. A worker answers
+with the encoded answer and the generation it read at (the parent caches it),
+or with the error to send; it decides IAM exactly as the parent would (the
+same identify and authorize on its own snapshot).
+"""
+
+import asyncio
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+
+from controlplane.config import Config
+from controlplane.storage.sql import Database
+
+log = structlog.get_logger("controlplane.workers")
+
+SLOW_READ_S = 0.05  # a cached list this long (on a reader thread) starts the worker processes
+
+
+@dataclass
+class _Worker:
+    """What one worker process holds: its connection, its methods, its credential cache."""
+
+    db: Database
+    methods: dict[str, Any]  # path -> Method
+    runtime: Any  # a Runtime without a store: the cached reads use only config and credentials
+
+
+_worker: _Worker | None = None
+
+
+def _start_worker(config: Config) -> None:
+    """The worker's initializer: one reader connection and the method table."""
+    global _worker
+    from controlplane.app import ALL_METHODS  # the parent's table, imported in the child
+    from controlplane.runtime import Runtime
+    from controlplane.storage.db import connect
+
+    _worker = _Worker(
+        db=connect(config.db_path, config.durability),
+        methods={method.path: method for method in ALL_METHODS},
+        runtime=Runtime(config),  # its own credential cache (0.5 s entries, B5)
+    )
+
+
+def _ready() -> bool:
+    return _worker is not None
+
+
+# (generation, encoded answer, who called for the log line) or (status, code, message, details)
+Outcome = tuple[str, Any, Any, Any]
+
+
+def _answer(path: str, token: str | None, raw: bytes) -> Outcome:
+    """Run one read in this worker: the parent's ``run_read`` on the worker's snapshot."""
+    from controlplane.app import CALLER, run_read
+    from controlplane.storage.db import snapshot_of
+    from shared.errors import ApiError
+
+    assert _worker is not None
+    method = _worker.methods[path]
+    try:
+        # The parent decoded this body already (it is valid): decoding again is this
+        # process's copy of it.
+        body = msgspec.json.decode(raw, type=method.request)
+        stand_in: dict[Any, Any] = {}  # identify() says who called here, for the log line
+        run = run_read(method, method.call, token, stand_in, _worker.runtime, body)
+        with snapshot_of(_worker.db) as db:
+            made_at, _, encoded = run(db)
+        return ("ok", made_at, encoded, stand_in.get(CALLER, {}))
+    except ApiError as exc:
+        return ("error", exc.status, exc.code, {"message": exc.message, **exc.details})
+
+
+class ReadWorkers:
+    """The worker processes of one control plane, started on the first slow read."""
+
+    def __init__(self, config: Config, processes: int) -> None:
+        self._config = config
+        self._processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+        self.ready = False
+        self.answered = 0  # reads the workers answered
+
+    def saw(self, seconds: float) -> None:
+        """A read took ``seconds`` on a reader thread: the first slow one starts the pool."""
+        if seconds >= SLOW_READ_S and self._pool is None and self._processes > 0:
+            self._start()
+
+    def _start(self) -> None:
+        started = time.monotonic()
+        self._pool = ProcessPoolExecutor(
+            max_workers=self._processes,
+            mp_context=multiprocessing.get_context("spawn"),  # never fork a threaded process
+            initializer=_start_worker,
+            initargs=(self._config,),
+        )
+        futures = [self._pool.submit(_ready) for _ in range(self._processes)]
+
+        def up(_: object) -> None:
+            if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
+                self.ready = True
+                log.info(
+                    "read workers up",
+                    processes=self._processes,
+                    seconds=round(time.monotonic() - started, 3),
+                )
+
+        for future in futures:
+            future.add_done_callback(up)
+
+    async def answer(self, path: str, token: str | None, raw: bytes) -> Outcome:
+        assert self._pool is not None
+        loop = asyncio.get_running_loop()
+        outcome = await loop.run_in_executor(self._pool, _answer, path, token, raw)
+        self.answered += 1
+        return outcome
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
