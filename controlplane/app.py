@@ -8,7 +8,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from importlib.metadata import version
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -46,6 +46,7 @@ from shared.ids import request_id as new_request_id
 from shared.log import log_request
 
 log = structlog.get_logger("controlplane.http")
+T = TypeVar("T")
 SWITCH_INTERVAL_S = 0.0005
 JSON = "application/json"
 
@@ -300,6 +301,15 @@ def encode_answer(answer: msgspec.Struct) -> bytes:
     return empty.replace(b'"items":[]', b'"items":[' + b",".join(parts) + b"]", 1)
 
 
+async def on_reader(store: Store, fn: Callable[[Database], T]) -> T:
+    """``fn`` on a reader: SQLite's on the loop (a local call of microseconds, autocommit
+    statements), PostgreSQL's on a reader thread (a network round trip must not hold the
+    loop, B6)."""
+    if store.postgres:
+        return await store.read(fn)
+    return fn(store.reader)
+
+
 def run_read(
     method: Method,
     call: Read,
@@ -331,28 +341,30 @@ async def answer_read(
     body = await parse_body(request, method.request)
     key = None
     if call.cached:
-        # Two autocommit statements, no transaction: the credential is live, then the state
-        # a cached answer must have been made at.
-        caller = identify(method, store.reader, token, request, runtime)
-        now_at = generation(store.reader)
+        # The credential is live, then the state a cached answer must have been made at.
+        def check(db: Database) -> tuple[Any, int]:
+            return identify(method, db, token, request, runtime), generation(db)
+
+        caller, now_at = await on_reader(store, check)
         assert isinstance(caller, Principal), "a cached read is a credential's"
         key = (method.path, caller.credential_id, await request.read())
         hit = runtime.answers.get(key, now_at)
         if hit is not None:
             return hit  # made at this generation, for this credential and body, after its decision
         if call.offload and runtime.workers.ready:
-            made_at, encoded = await read_in_worker(request, runtime, method, token)
-            runtime.answers.put(key, made_at, encoded)
-            return encoded
+            from_worker = await read_in_worker(request, runtime, method, token)
+            if from_worker is not None:
+                runtime.answers.put(key, *from_worker)
+                return from_worker[1]
     loop = asyncio.get_running_loop()
     deadline = None
     while True:
         seen = runtime.commits.latest  # before reading: a later commit is news to this read
         run = run_read(method, call, token, request, runtime, body)
-        if call.offload:
+        if call.offload or store.postgres:
             started = time.perf_counter()
             made_at, answer, encoded = await store.read(run)
-            if call.cached:
+            if call.cached and call.offload:  # the reads workers take
                 runtime.workers.saw(time.perf_counter() - started)
         else:
             # No await inside: the read transaction never spans a suspension.
@@ -364,9 +376,11 @@ async def answer_read(
             deadline = loop.time() + call.long_poll.seconds(body)
         again = call.long_poll.resume(body, answer)
         left = deadline - loop.time()
-        if again is None or left <= 0 or not await runtime.commits.wait_beyond(seen, left):
+        if again is None or left <= 0:
             break
-        body = again
+        body, read_past = again
+        if not read_past and not await runtime.commits.wait_beyond(seen, left):
+            break
     if key is not None:
         runtime.answers.put(key, made_at, encoded)
     return encoded
@@ -374,13 +388,15 @@ async def answer_read(
 
 async def read_in_worker(
     request: web.Request, runtime: Runtime, method: Method, token: str | None
-) -> tuple[int, bytes]:
+) -> tuple[int, bytes] | None:
     """A cached list read by a worker process (B6): its generation and encoded answer, or
-    the error it decided, raised here as the same ApiError."""
+    the error it decided, raised here as the same ApiError; None when no worker could."""
     outcome = await runtime.workers.answer(method.path, token, await request.read())
+    if outcome is None:
+        return None
     if outcome[0] == "error":
-        _, status, code, details = outcome
-        raise relayed_error(status, code, details)
+        _, status, code, message, details = outcome
+        raise relayed_error(status, code, message, details)
     _, made_at, encoded, caller = outcome
     request[CALLER] = caller
     return made_at, encoded
@@ -394,11 +410,16 @@ def method_handler(method: Method) -> Handler:
             encoded = await answer_read(request, runtime, method, method.call, token)
             return web.Response(body=encoded, headers=JSON_HEADERS)
         body = await parse_body(request, method.request)
+
         # On the reader, outside a transaction (each statement sees the latest commit): a
         # refusal costs no writer time, and a write that ends without a transaction (an
         # unchanged report) is decided too; decided again inside each transaction.
-        caller = identify(method, runtime.db.reader, token, request, runtime)
-        authorize(runtime.db.reader, caller, method.access, body)
+        def decide(db: Database) -> Any:
+            who = identify(method, db, token, request, runtime)
+            authorize(db, who, method.access, body)
+            return who
+
+        caller = await on_reader(runtime.db, decide)
         store = runtime.db.gated(lambda db: decide_in(db, method, token, caller, body))
         return json_response(await method.call.fn(store, runtime, caller, body))
 
@@ -460,9 +481,16 @@ def make_app(config: Config) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/api/openapi.json", openapi)
     add_console_routes(app)  # M2: the web console at /ui/
+    app.on_shutdown.append(_end_long_polls)
     app.cleanup_ctx.append(_store_lifetime)
     app.cleanup_ctx.append(_reconciler_lifetime)
     return app
+
+
+async def _end_long_polls(app: web.Application) -> None:
+    """At shutdown, waiting long-polls answer now (their page as it is), instead of holding
+    the stop for their whole wait."""
+    app[RUNTIME].commits.close()
 
 
 async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:

@@ -1,6 +1,7 @@
 """What /metrics serves (M1): HTTP requests, reconciler passes, placer tries, failed host
 configuration units, and the fleet's gauges (nodes, the capacity ledger, live reservations)."""
 
+import asyncio
 import bisect
 import itertools
 import math
@@ -97,15 +98,17 @@ class FleetGauges:
     def __init__(self) -> None:
         self._snapshot = FleetSnapshot([], [], [])
         self._taken = -math.inf
+        self._refreshing = asyncio.Lock()  # scrapes at once share one refresh
 
     async def refresh(self, store: Store, max_age: float) -> None:
         """A new snapshot when the last one is older than ``max_age`` seconds, read on a
         reader thread (B6: a big fleet's queries never hold the event loop)."""
-        started = time.monotonic()
-        if started - self._taken < max_age:
-            return
-        self._snapshot = await store.read(fleet_snapshot)
-        self._taken = started
+        async with self._refreshing:
+            started = time.monotonic()
+            if started - self._taken < max_age:
+                return
+            self._snapshot = await store.read(fleet_snapshot)
+            self._taken = started
 
     def _families(self, snapshot: FleetSnapshot) -> list[GaugeMetricFamily]:
         nodes = GaugeMetricFamily("bc_nodes", "Nodes by pool and state", labels=["pool", "state"])

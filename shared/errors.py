@@ -75,11 +75,9 @@ def _error_classes(base: type[ApiError]) -> dict[tuple[int, str], type[ApiError]
     return found
 
 
-def relayed_error(status: int, code: str, details: dict[str, Any]) -> ApiError:
+def relayed_error(status: int, code: str, message: str, details: dict[str, Any]) -> ApiError:
     """The error another process decided (a read worker), as the class that has its code and
-    status; ``details`` carries its ``message`` beside the details."""
-    details = dict(details)
-    message = str(details.pop("message", ""))
+    status."""
     error = _error_classes(ApiError).get((status, code), ApiError)(message)
-    error.details = details
+    error.details = dict(details)
     return error

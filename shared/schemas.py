@@ -38,6 +38,16 @@ EventType = Annotated[str, Meta(max_length=64, pattern=whole(r"^[a-z]+(\.[a-z][A
 # B1: a list answers at most this many items a page (100 unless told) and the cursor of the next.
 PageLimit = Annotated[int, Meta(ge=1, le=1000, description="At most this many items (B1).")]
 DEFAULT_PAGE = 100
+# B1: the `next` of the page before, as the list gave it: opaque (a position the server sealed,
+# base64url), refused by any other list.
+Cursor = Annotated[
+    str,
+    Meta(
+        max_length=256,
+        pattern=whole(r"^[A-Za-z0-9_-]{1,256}$"),
+        description="The `next` of the page before (B1), as given.",
+    ),
+]
 
 PoolClass = Literal["metal-host", "metal-dedicated", "vps-host", "provider"]
 Sharing = Literal["exclusive", "mig", "timeslice", "mps"]
@@ -118,7 +128,7 @@ class SitesList(TenantScoped):
     """The tenant's sites in id order, a page at a time (B1)."""
 
     limit: PageLimit = DEFAULT_PAGE
-    cursor: SiteId | UnsetType = UNSET  # the `next` of the page before
+    cursor: Cursor | UnsetType = UNSET
 
 
 # --- pools (seed 003) ------------------------------------------------------
@@ -128,7 +138,7 @@ class PoolsList(TenantScoped):
     """L1, B1: without limit every pool (the seed's contract), else a page; in id order."""
 
     limit: PageLimit | UnsetType = UNSET
-    cursor: PoolId | UnsetType = UNSET  # the `next` of the page before
+    cursor: Cursor | UnsetType = UNSET
 
 
 class PoolsGet(PoolScoped):
@@ -190,22 +200,12 @@ class QuotasSet(PoolScoped):
     version: PoolVersion | UnsetType = UNSET
 
 
-# B1: a quota row's position, `poolId/resource`, as the `next` of quotas/list gives it.
-QuotaCursor = Annotated[
-    str,
-    Meta(
-        max_length=122,
-        pattern=whole(rf"^pool_{ID_BODY}{{26,52}}/[A-Za-z][A-Za-z0-9._-]{{0,63}}$"),
-    ),
-]
-
-
 class QuotasList(TenantScoped):
     """The caller tenant's quota rows in (poolId, resource) order, a page at a time (B1)."""
 
     pool_id: PoolId | UnsetType = UNSET
     limit: PageLimit = DEFAULT_PAGE
-    cursor: QuotaCursor | UnsetType = UNSET  # the `next` of the page before
+    cursor: Cursor | UnsetType = UNSET
 
 
 class CapacityByPool(PoolScoped):
@@ -438,7 +438,7 @@ class NodesList(TenantScoped):
     pool_id: PoolId | UnsetType = UNSET
     states: Annotated[list[NodeState], Meta(max_length=4)] | UnsetType = UNSET
     limit: PageLimit = DEFAULT_PAGE
-    cursor: NodeId | UnsetType = UNSET  # the `next` of the page before
+    cursor: Cursor | UnsetType = UNSET
 
 
 class NodesCordon(TenantScoped):
@@ -621,7 +621,7 @@ class ReservationsList(TenantScoped):
     pool_id: PoolId | UnsetType = UNSET
     states: Annotated[list[ReservationState], Meta(max_length=5)] | UnsetType = UNSET
     limit: PageLimit = DEFAULT_PAGE
-    cursor: ReservationId | UnsetType = UNSET  # the `next` of the page before
+    cursor: Cursor | UnsetType = UNSET
 
 
 class BudgetsSet(TenantScoped):

@@ -118,6 +118,22 @@ class Api:
 
 # B3: the suite runs on either backend; `make test` runs it on both.
 BACKEND = os.environ.get("BC_TEST_BACKEND", "sqlite")
+# The fixtures through which a test reaches the backend under test. A test that takes none of
+# them runs on SQLite (or on no database) whatever BC_TEST_BACKEND says: the PostgreSQL pass
+# leaves it to the SQLite pass rather than run the same thing twice.
+BACKEND_FIXTURES = frozenset({"config", "db", "api", "postgres_url", "postgres_server"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if BACKEND != "postgresql":
+        return
+    kept, same = [], []
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        (kept if fixtures & BACKEND_FIXTURES else same).append(item)
+    if same:
+        config.hook.pytest_deselected(items=same)
+        items[:] = kept
 
 
 def all_tables(db_path: Path | str) -> dict[str, list[tuple[Any, ...]]]:

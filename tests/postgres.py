@@ -456,7 +456,9 @@ class PostgresServer:
 
     # --- the reset alternative: one database reused, emptied between tests --------
 
-    def reset_database(self, url: str, keep: Sequence[str] = ("schema_version",)) -> None:
+    def reset_database(
+        self, url: str, keep: Sequence[str] = ("schema_version", "generation")
+    ) -> None:
         """Empty every table of the database at `url` but those in `keep`, in place.
 
         The alternative to a new database per test where CREATE DATABASE is slow (a disk-backed

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -199,6 +200,72 @@ def read_until(process: subprocess.Popen[bytes], text: str, seconds: float = 10)
                     break
                 out += chunk
     return out.decode()
+
+
+def test_b1_a_narrowed_credential_reads_past_pages_it_may_not_see(world: World) -> None:
+    """B1, R1, B2: a credential of acme's that may read only the second of its two pools in id
+    order gets an empty first page with `next` moved past the other: `pools list --page-size 1`
+    still gives the pool it sees; `events tail --page-size 1` every event it sees, past pages
+    of hidden ones, to the end of the log; and `events tail --follow` starts at the log's end
+    (not at the first hidden page) and prints the next event it sees, landing after one it
+    may not see."""
+    client, acme = world.client, world.acme_token
+    hidden, seen = client.call("compute/pools/list", {"tenantId": "acme"}, token=acme)["items"]
+    assert hidden["id"] < seen["id"]  # pools/list is in id order
+    statements = [
+        {"effect": "allow", "actions": ["compute:*"], "resources": ["compute-tenant"]},
+        {
+            "effect": "allow",
+            "actions": ["compute:*"],
+            "resources": ["compute-pool"],
+            "conditions": {"gpuModel": [seen["gpuModel"]]},
+        },
+    ]
+    narrow = {"tenantId": "acme", "statements": statements}
+    env = {
+        **world.cli.env,
+        "BETTER_COMPUTE_TOKEN": client.call("iam/credentials/create", narrow, token=acme)["token"],
+    }
+
+    def as_narrow(*args: str) -> str:
+        return world.cli("-o", "json", *args, "--tenant", "acme", **env).out
+
+    pools = msgspec.json.decode(as_narrow("pools", "list", "--page-size", "1"))
+    assert [p["id"] for p in pools["items"]] == [seen["id"]] and pools["next"] is None
+
+    log = client.call("compute/events/list", {"tenantId": "acme", "limit": 1000}, token=acme)
+    visible = [e for e in log["items"] if e["poolId"] in (None, seen["id"])]
+    first_hidden = next(e["seq"] for e in log["items"] if e["poolId"] == hidden["id"])
+    assert visible[-1]["seq"] > first_hidden  # a page of one hidden event comes before the end
+    tailed = as_narrow("events", "tail", "--page-size", "1").splitlines()
+    assert [msgspec.json.decode(line) for line in tailed] == visible
+
+    follow = ["events", "tail", "--tenant", "acme", "--follow", "--page-size", "1", "--max", "1"]
+    tail = subprocess.Popen(
+        [str(CLI), "-o", "json", *follow], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+    def offer_again(pool: dict[str, Any]) -> None:  # the same offer: one more pool.offered
+        quota = {row["resource"]: row["max"] for row in pool["quotas"]}
+        body = {"tenantId": "root", "poolId": pool["id"], "toTenantId": "acme", "quota": quota}
+        client.call("compute/pools/offer", body)
+
+    try:
+        printed = ""
+        # Until the tail is waiting at the log's end (it prints nothing before), and then once:
+        # a hidden event, then one it sees.
+        while not printed and tail.poll() is None:
+            offer_again(hidden)
+            offer_again(seen)
+            printed = read_until(tail, "\n", seconds=0.3)
+        _, err = tail.communicate(timeout=10)
+    finally:
+        tail.kill()
+        tail.wait()
+    assert tail.returncode == 0 and b"Traceback" not in err, err
+    event = msgspec.json.decode(printed)
+    assert (event["type"], event["poolId"]) == ("pool.offered", seen["id"])
+    assert event["seq"] > log["next"]  # new: the tail started at the end, not mid-log
 
 
 def test_m4_watch_prints_again_when_something_changes(world: World) -> None:

@@ -12,8 +12,9 @@ from urllib.parse import urlsplit
 
 from playwright.sync_api import ConsoleMessage, Page, Route, expect, sync_playwright
 
+from shared.inventory import Inventory
 from tests.daemons import Daemon
-from tests.nodes import DGX_POLICY, recorded, wire
+from tests.nodes import DGX_POLICY, recorded, twin, wire
 
 REPO = Path(__file__).resolve().parent.parent
 # As root, on a closed network: no sandbox, and none of Chromium's own calls home.
@@ -43,6 +44,23 @@ READER = {
         }
     ],
 }
+# A credential of root's that reads the pools of region us only (R1).
+US_ONLY = {
+    "tenantId": "root",
+    "statements": [
+        {
+            "effect": "allow",
+            "actions": ["iam:credentials:read", "compute:*"],
+            "resources": ["compute-tenant"],
+        },
+        {
+            "effect": "allow",
+            "actions": ["compute:*"],
+            "resources": ["compute-pool"],
+            "conditions": {"region": ["us"]},
+        },
+    ],
+}
 # Chromium logs each refused fetch as a console error.
 FORBIDDEN = "Failed to load resource: the server responded with a status of 403 (Forbidden)"
 # M2: nothing inline, nothing from another origin, no framing, no form posts.
@@ -65,10 +83,9 @@ def api(daemon: Daemon, path: str, body: dict[str, Any], token: str | None = Non
         return json.loads(response.read())
 
 
-def ready_node(daemon: Daemon, join_token: str, host: str) -> str:
-    """A recorded host joined, its NodeSpec reported applied as an agent's first cycle does
-    (H1: ready). Returns its node id."""
-    inventory = recorded(host)
+def ready_node(daemon: Daemon, join_token: str, inventory: Inventory) -> str:
+    """A host joined, its NodeSpec reported applied as an agent's first cycle does (H1:
+    ready). Returns its node id."""
     node = api(
         daemon,
         "compute/nodes/join",
@@ -119,8 +136,8 @@ def fleet(daemon: Daemon) -> tuple[str, str, str, str]:
     join = api(
         daemon, "compute/joinTokens/create", {"tenantId": "root", "poolId": pool, "maxUses": 2}
     )["token"]
-    healthy = ready_node(daemon, join, "dgx-h100-01")
-    sick = ready_node(daemon, join, "dgx-h100-sick")
+    healthy = ready_node(daemon, join, recorded("dgx-h100-01"))
+    sick = ready_node(daemon, join, recorded("dgx-h100-sick"))
     api(daemon, "compute/nodes/cordon", {"tenantId": "root", "nodeId": sick, "reason": CORDON})
     reservation = reserve(daemon, pool, 2)
     assert reservation["nodeId"] == healthy, reservation
@@ -132,6 +149,30 @@ def reserve(daemon: Daemon, pool: str, gpus: int) -> Any:
     reservation = api(daemon, "compute/reservations/create", body)
     assert reservation["state"] == "placed", reservation
     return reservation
+
+
+def pool_in_us(daemon: Daemon) -> tuple[str, str]:
+    """A second pool of root's, on a site in region us, with a twin of dgx-h100-01 ready and a
+    gpu: 1 reservation placed on it: (pool, reservation)."""
+    site = api(
+        daemon,
+        "compute/sites/create",
+        {"tenantId": "root", "name": "iad1", "region": "us", "kind": "shared"},
+    )
+    pool = api(
+        daemon,
+        "compute/pools/create",
+        {
+            "tenantId": "root",
+            "siteId": site["id"],
+            "class": "metal-host",
+            "gpuModel": "H100",
+            "policy": DGX_POLICY,
+        },
+    )["id"]
+    join = api(daemon, "compute/joinTokens/create", {"tenantId": "root", "poolId": pool})
+    ready_node(daemon, join["token"], twin("dgx-h100-01", 1))
+    return pool, reserve(daemon, pool, 1)["id"]
 
 
 def get(url: str, **headers: str) -> tuple[int, Any]:
@@ -163,8 +204,10 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
     pools/capacity answers), the nodes by state with unhealthy GPUs and the cordon reason, the
     placed reservation, and a reservation made through the API appears in the event log and
     the ledger without a reload; acme's token shows acme's view, and a token of acme's that
-    may not read nodes or reservations (R1) sees those panels refused. No request leaves
-    127.0.0.1 and the page logs no error but the refusals it was shown."""
+    may not read nodes or reservations (R1) sees those panels refused, and one that may read
+    only a pool in another region, its reservations read one a page (B1), still sees the one
+    there behind pages of hidden ones. No request leaves 127.0.0.1 and the page logs no
+    error but the refusals it was shown."""
     pool, healthy, sick, reservation = fleet(daemon)
     # Plain HTTP first: the redirects and the revalidation of a file the browser already has.
     assert get(f"{daemon.url}/")[0] == 302 and get(f"{daemon.url}/")[1]["Location"] == "/ui/"
@@ -178,11 +221,17 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
     inside: list[str] = []  # what the page asked of the daemon, seen by the route
     outside: list[str] = []
     errors: list[str] = []
+    one_a_page: set[str] = set()  # list paths the route asks one item a page of (B1)
 
     def loopback_only(route: Route) -> None:
         if urlsplit(route.request.url).hostname == "127.0.0.1":
-            inside.append(urlsplit(route.request.url).path)
-            route.continue_()
+            path = urlsplit(route.request.url).path
+            inside.append(path)
+            if path in one_a_page:
+                body = {**json.loads(route.request.post_data or "{}"), "limit": 1}
+                route.continue_(post_data=json.dumps(body))
+            else:
+                route.continue_()
         else:
             outside.append(route.request.url)
             route.abort()
@@ -308,6 +357,19 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         expect(card.locator('tr[data-resource="gpu"] td.figures')).to_be_visible()
         expect(page.locator("#nodes")).to_have_text("This token may not read nodes.")
         expect(page.locator("#reservations")).to_have_text("This token may not read reservations.")
+
+        # B1, R1: a token that may read only the pool in us, its reservations read one a page:
+        # the first pages (root's reservations in fra1) come back empty with `next` moved past
+        # them, and the one in us, on a later page, is still shown.
+        us_pool, us_reservation = pool_in_us(daemon)
+        one_a_page.add("/api/compute/reservations/list")
+        page.click("#sign-out")
+        page.fill("#token", api(daemon, "iam/credentials/create", US_ONLY)["token"])
+        page.press("#token", "Enter")
+        expect(page.locator(f'[data-pool-id="{us_pool}"]')).to_be_visible()
+        expect(page.locator("#reservations tbody tr")).to_have_count(1)
+        expect(page.locator(f'tr[data-reservation-id="{us_reservation}"]')).to_be_visible()
+        expect(page.locator(f'[data-pool-id="{pool}"]')).to_have_count(0)
         browser.close()
 
     assert {"/ui/", "/ui/app.js", "/ui/api.js", "/ui/app.css"} <= set(inside)

@@ -1,9 +1,15 @@
 """B2: events/list long-polls, woken by the commit of an event the caller may see."""
 
 import asyncio
+import json
+import threading
 import time
+import urllib.request
+from pathlib import Path
 
 from tests.conftest import Api
+from tests.daemons import Daemon
+from tests.test_paging import A100_ONLY
 
 
 async def tail(api: Api, token: str | None = None, tenant: str = "root") -> int:
@@ -72,3 +78,52 @@ async def test_b2_wait_seconds_outside_0_to_60_is_invalid(api: Api) -> None:
     for wait in (-1, 61, "5", True):
         body = {"tenantId": "root", "waitSeconds": wait}
         await api.err("compute/events/list", body, "INVALID_INPUT", field="waitSeconds")
+
+
+async def test_b2_a_long_poll_reads_past_events_it_may_not_see_to_the_one_it_may(
+    api: Api,
+) -> None:
+    """A credential that may read only A100 pools long-polls two events a page: three H100
+    events it may not see come before an A100 one it may; the call answers with that one at
+    once (it reads on past the hidden pages) instead of waiting out its time."""
+    await api.tenant("acme")
+    narrow = await api.token_for("acme", A100_ONLY)
+    site = await api.site()
+    after = await tail(api, narrow, "acme")
+    h100 = [await api.pool(site, gpuModel="H100") for _ in range(3)]
+    for pool in h100:
+        await api.offer(pool["id"], "acme")  # acme's events, of pools it may not read
+    a100 = await api.pool(site, gpuModel="A100")
+    await api.offer(a100["id"], "acme")
+    body = {"tenantId": "acme", "after": after, "limit": 2, "waitSeconds": 30}
+    started = time.monotonic()
+    answer = await asyncio.wait_for(api.ok("compute/events/list", body, narrow), 10)
+    assert time.monotonic() - started < 10
+    assert [(e["type"], e["poolId"]) for e in answer["items"]] == [("pool.offered", a100["id"])]
+
+
+def test_b2_a_stopping_daemon_answers_its_long_polls_at_once(tmp_path: Path) -> None:
+    """SIGTERM with a long-poll waiting: the call gets its (empty) page and the daemon is gone
+    well before the wait would have ended."""
+    daemon = Daemon(tmp_path)
+    daemon.start()
+    try:
+        headers = {"Authorization": f"Bearer {daemon.token}", "Content-Type": "application/json"}
+        first = json.dumps({"tenantId": "root", "limit": 1000}).encode()
+        request = urllib.request.Request(f"{daemon.url}/api/compute/events/list", first, headers)
+        after = json.load(urllib.request.urlopen(request, timeout=10))["next"]
+        body = json.dumps({"tenantId": "root", "after": after, "waitSeconds": 60}).encode()
+        request = urllib.request.Request(f"{daemon.url}/api/compute/events/list", body, headers)
+        answers: list[object] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(json.load(urllib.request.urlopen(request, timeout=90)))
+        )
+        waiter.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        assert daemon.stop() == 0
+        waiter.join(10)
+        assert time.monotonic() - started < 10
+        assert answers == [{"items": [], "next": after}]
+    finally:
+        daemon.kill()

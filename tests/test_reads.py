@@ -3,6 +3,7 @@ state they were made from."""
 
 import asyncio
 import dataclasses
+import multiprocessing
 import threading
 from typing import Any
 
@@ -168,3 +169,10 @@ async def test_b6_a_slow_cached_list_starts_worker_processes_that_answer_the_sam
         acme,
     )
     assert runtime.workers.answered == 3
+    # A worker that dies (out of memory, killed) costs no answer: reader threads take over.
+    for child in multiprocessing.active_children():
+        child.kill()
+        child.join(10)
+    again = await api.ok("compute/pools/list", {"tenantId": "acme", "limit": 5}, acme)
+    assert again["items"] == by_thread["items"]
+    assert not runtime.workers.ready

@@ -23,10 +23,12 @@ Auth = Literal["credential", "node", "none"]
 @dataclass(frozen=True)
 class LongPoll:
     """B2: a read that, answering nothing new, waits up to ``seconds(body)`` for a commit and
-    reads again from ``resume(body, answer)`` (None: the answer has something, send it)."""
+    reads again. ``resume(body, answer)`` is None when the answer has something (send it),
+    else the body to read with next and whether this read got past anything (rows the
+    caller may not see: read on at once, there may be more behind them)."""
 
     seconds: Callable[[Any], float]
-    resume: Callable[[Any, Any], Any | None]
+    resume: Callable[[Any, Any], tuple[Any, bool] | None]
 
 
 @dataclass(frozen=True)

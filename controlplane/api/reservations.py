@@ -26,7 +26,7 @@ METHODS = (
         "/api/compute/reservations/list",
         s.ReservationsList,
         s.ReservationList,
-        read(reservations.list_reservations, offload=True),
+        read(reservations.list_reservations, offload=True, cached=True),
         "The tenant's reservations, of a pool and in some states, by id, a page at a time (B1: "
         "limit, default 100, and cursor; next is null at the end).",
         Access("compute:reservations:read", "tenant", items=True),

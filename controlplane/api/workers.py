@@ -19,8 +19,10 @@ same identify and authorize on its own snapshot).
 
 import asyncio
 import multiprocessing
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +67,8 @@ def _ready() -> bool:
     return _worker is not None
 
 
-# (generation, encoded answer, who called for the log line) or (status, code, message, details)
-Outcome = tuple[str, Any, Any, Any]
+# ("ok", generation, encoded answer, who called) or ("error", status, code, message, details)
+Outcome = tuple[Any, ...]
 
 
 def _answer(path: str, token: str | None, raw: bytes) -> Outcome:
@@ -87,7 +89,7 @@ def _answer(path: str, token: str | None, raw: bytes) -> Outcome:
             made_at, _, encoded = run(db)
         return ("ok", made_at, encoded, stand_in.get(CALLER, {}))
     except ApiError as exc:
-        return ("error", exc.status, exc.code, {"message": exc.message, **exc.details})
+        return ("error", exc.status, exc.code, exc.message, exc.details)
 
 
 class ReadWorkers:
@@ -97,13 +99,17 @@ class ReadWorkers:
         self._config = config
         self._processes = processes
         self._pool: ProcessPoolExecutor | None = None
+        self._starting = False
+        self._closed = False
         self.ready = False
         self.answered = 0  # reads the workers answered
 
     def saw(self, seconds: float) -> None:
-        """A read took ``seconds`` on a reader thread: the first slow one starts the pool."""
-        if seconds >= SLOW_READ_S and self._pool is None and self._processes > 0:
-            self._start()
+        """A read took ``seconds`` on a reader thread: the first slow one starts the pool (on a
+        thread of its own: starting processes is milliseconds the loop need not wait)."""
+        if seconds >= SLOW_READ_S and not self._starting and self._processes > 0:
+            self._starting = True
+            threading.Thread(target=self._start, name="read-workers", daemon=True).start()
 
     def _start(self) -> None:
         started = time.monotonic()
@@ -113,6 +119,9 @@ class ReadWorkers:
             initializer=_start_worker,
             initargs=(self._config,),
         )
+        if self._closed:  # the control plane stopped while this thread was starting it
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
         futures = [self._pool.submit(_ready) for _ in range(self._processes)]
 
         def up(_: object) -> None:
@@ -127,13 +136,23 @@ class ReadWorkers:
         for future in futures:
             future.add_done_callback(up)
 
-    async def answer(self, path: str, token: str | None, raw: bytes) -> Outcome:
-        assert self._pool is not None
+    async def answer(self, path: str, token: str | None, raw: bytes) -> Outcome | None:
+        """The worker's outcome; None when the pool broke (a worker died: out of memory,
+        killed): the caller reads on a thread, and the next slow read starts a new pool."""
+        pool = self._pool
+        assert pool is not None
         loop = asyncio.get_running_loop()
-        outcome = await loop.run_in_executor(self._pool, _answer, path, token, raw)
+        try:
+            outcome = await loop.run_in_executor(pool, _answer, path, token, raw)
+        except BrokenProcessPool:
+            log.warning("a read worker died; lists go to reader threads until a new pool is up")
+            self.ready, self._starting, self._pool = False, False, None
+            pool.shutdown(wait=False, cancel_futures=True)
+            return None
         self.answered += 1
         return outcome
 
     def close(self) -> None:
+        self._closed = True
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)

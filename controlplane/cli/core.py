@@ -180,21 +180,23 @@ def emit(answer: Any, render: Callable[[Any], None]) -> None:
         render(answer)
 
 
-def end_of_log(tenant_id: str, types: tuple[str, ...] = ()) -> int:
-    """The seq of the last event the tenant sees now: following starts after it, as `tail -f`
-    does."""
+def end_of_log(tenant_id: str, types: tuple[str, ...] = (), limit: int = 1000) -> int:
+    """The position of the event log's end as it is now: following starts there, as `tail -f`
+    does. The end is where a read gets past nothing (`next` == `after`), not where a page is
+    merely empty: the cursor also moves past events the credential may not see (B1)."""
     after = 0
     while True:
-        body = {"tenantId": tenant_id, "after": after, "limit": 1000, "types": list(types)}
-        answer = call("compute/events/list", body)
-        if not answer["items"]:
-            return int(answer["next"])
-        after = answer["next"]
+        body = {"tenantId": tenant_id, "after": after, "limit": limit, "types": list(types)}
+        found = int(call("compute/events/list", body)["next"])
+        if found == after:
+            return after
+        after = found
 
 
 def next_events(tenant_id: str, after: int, limit: int, types: tuple[str, ...] = ()) -> Any:
     """events/list after `after`, waiting up to WAIT_SECONDS for one to land (B2's long-poll):
-    the answer comes as soon as there is an event, or empty once the wait is over."""
+    the answer comes as soon as there is an event, or empty, its `next` moved past events the
+    credential may not see or (the wait over) not moved: either way, ask again from `next`."""
     body = {
         "tenantId": tenant_id,
         "after": after,
@@ -222,7 +224,7 @@ def shown(
             answer = next_events(tenant, after, 1000)
             after = answer["next"]
             if not answer["items"]:
-                continue
+                continue  # nothing it sees happened: wait again at once
             if sys.stdout.isatty():
                 click.clear()
             else:

@@ -64,18 +64,24 @@ def events_list(
 )
 @click.option("--max", "most", type=click.IntRange(min=1), help="stop after this many events")
 @click.option("--type", "types", multiple=True, help="event type, repeatable")
+@click.option("--page-size", type=click.IntRange(1, 1000), default=1000, help="events per request")
 def events_tail(
-    tenant: str | None, after: int | None, follow: bool, most: int | None, types: tuple[str, ...]
+    tenant: str | None,
+    after: int | None,
+    follow: bool,
+    most: int | None,
+    types: tuple[str, ...],
+    page_size: int,
 ) -> None:
     """Print events as they come (one JSON object a line with -o json, a YAML document each
-    with -o yaml); Ctrl-C stops. --follow waits on the control plane for the next event (B2),
-    it does not poll."""
+    with -o yaml); Ctrl-C stops. Without --follow it stops at the end of the log as it is now;
+    --follow waits on the control plane for the next event (B2), it does not poll."""
     output, tenant_id, printed = settings().output, tenant_of(tenant), 0
     if after is None:
-        after = end_of_log(tenant_id, types) if follow else 0
+        after = end_of_log(tenant_id, types, page_size) if follow else 0
     try:
         while most is None or printed < most:
-            limit = min(1000, most - printed) if most is not None else 1000
+            limit = min(page_size, most - printed) if most is not None else page_size
             if follow:
                 answer = next_events(tenant_id, after, limit, types)
             else:
@@ -89,8 +95,10 @@ def events_tail(
                 else:
                     click.echo("  ".join(str(c or "-") for c in event_row(event)))
                 printed += 1
-            after = answer["next"]
-            if not answer["items"] and not follow:
+            # A page may be empty yet move `next` past events this credential may not see
+            # (B1): read on from it. The end of the log is a read that got past nothing.
+            moved, after = answer["next"] != after, answer["next"]
+            if not (moved or follow):
                 break
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a person stops following: not an error

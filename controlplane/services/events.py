@@ -52,6 +52,10 @@ def list_events(db: Database, principal: Principal, req: EventsList) -> EventLis
     return EventList(items=items, next=rows[-1]["seq"] if rows else after)
 
 
-def resume_after(req: EventsList, answer: EventList) -> EventsList | None:
-    """B2: an empty page (a long-poll waits on it) reads again from where it got to."""
-    return None if answer.items else msgspec.structs.replace(req, after=answer.next, cursor=UNSET)
+def resume_after(req: EventsList, answer: EventList) -> tuple[EventsList, bool] | None:
+    """B2: an empty page reads again from where it got to: at once when it read past events
+    the caller may not see, else after the next commit."""
+    if answer.items:
+        return None
+    moved = answer.next != position(req)
+    return msgspec.structs.replace(req, after=answer.next, cursor=UNSET), moved

@@ -69,6 +69,7 @@ def authenticate(db: Database, token: str, cache: CredentialCache) -> Principal 
     principal = cache.get(hashed)
     if principal is not None:
         return principal
+    epoch = cache.epoch  # before the read: a revocation clearing the cache after it wins
     found = iam_sql.credential_by_hash(db, hashed)
     if found is None:
         return None
@@ -78,7 +79,7 @@ def authenticate(db: Database, token: str, cache: CredentialCache) -> Principal 
         tenant_id=tenant_id,
         statements=None if statements is None else msgspec.json.decode(statements),
     )
-    cache.put(hashed, principal)
+    cache.put(hashed, principal, epoch)
     return principal
 
 

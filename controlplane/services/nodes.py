@@ -13,7 +13,7 @@ from controlplane.capacity.admission import READY
 from controlplane.capacity.liveness import Liveness
 from controlplane.iam.decide import Principal
 from controlplane.services.access import owned_pool, readable_pools
-from controlplane.services.paging import page
+from controlplane.services.paging import page, position
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage.sql import Database
@@ -128,17 +128,20 @@ def list_nodes(db: Database, principal: Principal, liveness: Liveness, req: Node
         pool_ids = sorted(readable_pools(db, principal, req.tenant_id, owned, "compute:nodes:read"))
     else:
         pool_ids = [owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:read").id]
-    found, last = page(
+    found, cursor = page(
+        db,
+        "nodes",
         node_sql.nodes_of_pools(
             db,
             pool_ids,
             None if req.states is UNSET else req.states,
-            "" if req.cursor is UNSET else req.cursor,
+            position(db, "nodes", req.cursor),
             req.limit + 1,
         ),
         req.limit,
+        lambda node: node["id"],
     )
-    return NodeList(items=_views(db, found, liveness), next=None if last is None else last["id"])
+    return NodeList(items=_views(db, found, liveness), next=cursor)
 
 
 def owned_node(

@@ -11,7 +11,7 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
 from controlplane.services.access import authz_attrs, owned_pool, visible_pool
-from controlplane.services.paging import page
+from controlplane.services.paging import page, position
 from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import offers_by_pool, pool_view
 from controlplane.storage import events
@@ -180,14 +180,17 @@ def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
     pool; without limit every pool, else a page whose cursor moves past the pools left out.
     A page costs the same few reads whatever its size: its quota rows, the owner's offers."""
     limit = None if req.limit is UNSET else req.limit
-    found, last = page(
+    found, cursor = page(
+        db,
+        "pools",
         pool_sql.visible_pools(
             db,
             req.tenant_id,
-            "" if req.cursor is UNSET else req.cursor,
+            position(db, "pools", req.cursor),
             None if limit is None else limit + 1,
         ),
         limit,
+        lambda pool: pool.id,
     )
     pools = [
         pool
@@ -200,7 +203,7 @@ def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
     offers = offers_by_pool(db, [p.id for p in pools if p.owner_tenant_id == req.tenant_id])
     return PoolList(
         items=[pool_view(db, p, req.tenant_id, quotas[p.id], offers.get(p.id)) for p in pools],
-        next=None if last is None else last.id,
+        next=cursor,
     )
 
 

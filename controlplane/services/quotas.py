@@ -11,7 +11,7 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal
 from controlplane.services.access import readable_pools
-from controlplane.services.paging import page
+from controlplane.services.paging import page, position
 from controlplane.services.views import quota_row
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
@@ -57,13 +57,16 @@ def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaLis
         or not readable_pools(db, principal, req.tenant_id, {pool_id}, action)
     ):
         raise NotFound("pool not found", field="poolId")
-    pool, _, resource = ("" if req.cursor is UNSET else req.cursor).partition("/")
-    found, last = page(
+    pool, _, resource = position(db, "quotas", req.cursor).partition("/")
+    found, cursor = page(
+        db,
+        "quotas",
         pool_sql.visible_quota_rows(db, req.tenant_id, pool_id, (pool, resource), req.limit + 1),
         req.limit,
+        lambda row: f"{row['pool_id']}/{row['resource']}",
     )
     allowed = readable_pools(db, principal, req.tenant_id, {r["pool_id"] for r in found}, action)
     return QuotaList(
         items=[quota_row(r) for r in found if r["pool_id"] in allowed],
-        next=None if last is None else f"{last['pool_id']}/{last['resource']}",
+        next=cursor,
     )

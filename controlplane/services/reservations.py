@@ -19,7 +19,7 @@ from controlplane.capacity.meters import meter_of
 from controlplane.iam.decide import Principal
 from controlplane.services.access import pool_not_found, readable_pools
 from controlplane.services.budgets import spent_hours
-from controlplane.services.paging import page
+from controlplane.services.paging import page, position
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
@@ -191,16 +191,19 @@ def get_reservation(db: Database, principal: Principal, req: ReservationsGet) ->
 
 def list_reservations(db: Database, principal: Principal, req: ReservationsList) -> ReservationList:
     """B1: the tenant's reservations in id order, a page at a time."""
-    found, last = page(
+    found, cursor = page(
+        db,
+        "reservations",
         res_sql.of_tenant(
             db,
             req.tenant_id,
             None if req.pool_id is UNSET else req.pool_id,
             None if req.states is UNSET else req.states,
-            "" if req.cursor is UNSET else req.cursor,
+            position(db, "reservations", req.cursor),
             req.limit + 1,
         ),
         req.limit,
+        lambda row: row.id,
     )
     # R1: only reservations in pools the credential may read them in; the cursor moves past
     # the ones left out.
@@ -209,7 +212,7 @@ def list_reservations(db: Database, principal: Principal, req: ReservationsList)
     )
     return ReservationList(
         items=[view(row) for row in found if row.pool_id in allowed],
-        next=None if last is None else last.id,
+        next=cursor,
     )
 
 

@@ -1,9 +1,7 @@
 """Sites: only root creates shared and dedicated sites; any tenant may create its own custom one."""
 
-from msgspec import UNSET
-
 from controlplane.iam.decide import ROOT_TENANT, Principal
-from controlplane.services.paging import page
+from controlplane.services.paging import page, position
 from controlplane.storage import events
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
@@ -56,8 +54,12 @@ async def create_site(store: Store, principal: Principal, req: SitesCreate) -> S
 
 def list_sites(db: Database, principal: Principal, req: SitesList) -> SiteList:
     """B1: the tenant's sites in id order, a page at a time."""
-    after = "" if req.cursor is UNSET else req.cursor
-    found, last = page(site_sql.list_sites(db, req.tenant_id, after, req.limit + 1), req.limit)
-    return SiteList(
-        items=[site_view(row) for row in found], next=None if last is None else last["id"]
+    after = position(db, "sites", req.cursor)
+    found, cursor = page(
+        db,
+        "sites",
+        site_sql.list_sites(db, req.tenant_id, after, req.limit + 1),
+        req.limit,
+        lambda row: row["id"],
     )
+    return SiteList(items=[site_view(row) for row in found], next=cursor)

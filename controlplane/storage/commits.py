@@ -22,23 +22,32 @@ LISTEN_TIMEOUT_S = 1.0  # how often the listener looks up from the socket to see
 
 
 class CommitSignal:
-    """The highest event seq known committed; ``wait_beyond`` returns once a higher one is."""
+    """The highest event seq known committed; ``wait_beyond`` returns once a higher one is,
+    or at once for good after ``close`` (the server is stopping)."""
 
     def __init__(self, latest: int = 0) -> None:
         self.latest = latest
+        self.closed = False
         self._changed = asyncio.Event()
 
     def advance(self, seq: int) -> None:
         if seq > self.latest:
             self.latest = seq
-            self._changed.set()
-            self._changed = asyncio.Event()
+            self._wake()
+
+    def close(self) -> None:
+        self.closed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def wait_beyond(self, seen: int, seconds: float) -> bool:
         """Whether an event after ``seen`` was committed within ``seconds``."""
         try:
             async with asyncio.timeout(seconds):
-                while self.latest <= seen:
+                while self.latest <= seen and not self.closed:
                     await self._changed.wait()
         except TimeoutError:
             pass

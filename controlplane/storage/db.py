@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from controlplane.storage.migrations import migrate
+from controlplane.storage.paging import make_cursor_key
 from controlplane.storage.sql import Database, PostgresDatabase, SqliteDatabase
 
 T = TypeVar("T")
@@ -63,7 +64,9 @@ PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 # never over-admitted, one object per idempotency key, a gapless event seq.
 WRITER_LOCK = 0x6263_7772  # "bcwr"
 EVENTS_CHANNEL = "bc_events"  # PostgreSQL NOTIFY channel: the seq of the last event committed
-READER_THREADS = 4  # long reads at once; PostgreSQL reads wait on the server, not the GIL
+# Reads at once on threads: lists on SQLite; on PostgreSQL every read (each waits on the
+# server, not on the interpreter).
+READER_THREADS = {"sqlite": 4, "postgresql": 8}
 
 
 def is_postgres(location: str | Path) -> bool:
@@ -146,7 +149,7 @@ class Store:
         self,
         location: str | Path,
         durability: Durability = "full",
-        reader_threads: int = READER_THREADS,
+        reader_threads: int | None = None,
     ) -> None:
         self.location = location
         self.durability = durability
@@ -156,11 +159,16 @@ class Store:
             _private_files(self.path)
         self._writer_db = connect(location, durability)
         migrate(self._writer_db)
+        make_cursor_key(self._writer_db)
         self.reader = connect(location, durability)
         if not self.postgres:
             _private_files(self.path)  # the -wal and -shm files SQLite made beside it
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
-        self._readers = ThreadPoolExecutor(max_workers=reader_threads, thread_name_prefix="reader")
+        self._readers = ThreadPoolExecutor(
+            max_workers=reader_threads
+            or READER_THREADS["postgresql" if self.postgres else "sqlite"],
+            thread_name_prefix="reader",
+        )
         self._local = threading.local()
         self._reader_dbs: list[Database] = []  # every reader thread's connection, to close
         self._gate: Callable[[Database], None] | None = None

@@ -240,6 +240,14 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX nodes_state_seen;
     CREATE INDEX nodes_watch ON nodes(state, last_seen_at, removed_at, id);
     """,
+    # 10: B1, R1: the secret list cursors are sealed with, one row made by the first store to
+    # start (storage/paging.py: SQLite and PostgreSQL alike, which has no random bytes without
+    # pgcrypto), so every replica reads the same; nodes/list's page, an arm a pool merged in
+    # id order, reads a pool's live nodes from the cursor on.
+    """
+    CREATE TABLE cursor_key (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL);
+    CREATE INDEX nodes_pool_page ON nodes(pool_id, id) WHERE removed_at IS NULL;
+    """,
 )
 
 

@@ -5,6 +5,7 @@ from typing import Any
 
 import msgspec
 
+from controlplane.storage.paging import merged
 from controlplane.storage.rows import one, rows
 from controlplane.storage.sql import Database
 from shared.nodespec import NodeSpecUnits
@@ -85,18 +86,17 @@ def nodes_of_pools(
     after: str,
     limit: int,
 ) -> list[dict[str, Any]]:
-    """H7: the live nodes of several pools in id order after ``after`` (a keyset page)."""
-    if not pool_ids:
-        return []
-    sql = (
-        f"SELECT * FROM nodes WHERE pool_id IN ({', '.join('?' * len(pool_ids))}) "
-        "AND removed_at IS NULL AND id > ?"
-    )
-    params: list[Any] = [*pool_ids, after]
-    if states:
-        sql += f" AND state IN ({', '.join('?' * len(states))})"
-        params.extend(states)
-    return rows(db, sql + " ORDER BY id LIMIT ?", [*params, limit])
+    """H7: the live nodes of several pools in id order after ``after`` (a keyset page): one
+    arm a pool, each a range of the (pool, id) index of live nodes, merged in id order (B1)."""
+    wanted = f" AND state IN ({', '.join('?' * len(states))})" if states else ""
+    arms = [
+        (
+            f"SELECT * FROM nodes WHERE pool_id = ? AND removed_at IS NULL AND id > ?{wanted}",
+            [pool_id, after, *(states or [])],
+        )
+        for pool_id in pool_ids
+    ]
+    return merged(db, arms, limit)
 
 
 def draining(db: Database) -> list[dict[str, Any]]:

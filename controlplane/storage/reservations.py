@@ -4,6 +4,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from controlplane.storage.nodes import SCHEDULABLE
+from controlplane.storage.paging import merged
 from controlplane.storage.rows import one, rows
 from controlplane.storage.sql import Database
 from controlplane.storage.types import ReservationRow, reservation_columns, reservation_row
@@ -40,26 +41,19 @@ def of_tenant(
     limit: int,
 ) -> list[ReservationRow]:
     """B1: the tenant's reservations (of a pool, in some states) in id order after ``after``,
-    at most ``limit``, O(page) from any cursor whatever the tenant's history.
-
-    One arm a state, each a range of the (tenant, state, id) index, or (tenant, pool, state,
-    id) with a pool, merged in id order: the merge reads each arm only as far as the page
-    needs and sorts nothing. SQLite merges the plain arms (MERGE); PostgreSQL merges arms that
-    each stop at the limit (Merge Append), as it would append plain ones and sort them whole.
-    """
+    at most ``limit``, O(page) from any cursor whatever the tenant's history: one arm a state,
+    each a range of the (tenant, state, id) index, or (tenant, pool, state, id) with a pool,
+    merged in id order."""
     keys = "tenant_id = ? AND pool_id = ?" if pool_id is not None else "tenant_id = ?"
-    limited = db.dialect.name == "postgresql"
-    arms: list[str] = []
-    params: list[Any] = []
-    for n, state in enumerate(dict.fromkeys(states or STATES)):
-        arm = f"SELECT * FROM reservations WHERE {keys} AND state = ? AND id > ?"
-        params += [tenant_id, *([] if pool_id is None else [pool_id]), state, after]
-        if limited:
-            arm = f"SELECT * FROM ({arm} ORDER BY id LIMIT ?) AS s{n}"
-            params.append(limit)
-        arms.append(arm)
-    found = rows(db, " UNION ALL ".join(arms) + " ORDER BY id LIMIT ?", [*params, limit])
-    return [reservation_row(row) for row in found]
+    scope = [tenant_id, *([] if pool_id is None else [pool_id])]
+    arms = [
+        (
+            f"SELECT * FROM reservations WHERE {keys} AND state = ? AND id > ?",
+            [*scope, state, after],
+        )
+        for state in dict.fromkeys(states or STATES)
+    ]
+    return [reservation_row(row) for row in merged(db, arms, limit)]
 
 
 def _select(db: Database, where: str, params: list[Any] | None = None) -> list[ReservationRow]:

@@ -36,12 +36,14 @@ export async function call(token, path, body, signal) {
   return answer;
 }
 
-// B1: every item of a list method, following `next` (the cursor of the next page) to the end.
+// B1: every item of a list method, following `next` (the cursor of the next page) until it is
+// null. A page may be empty and still have a `next`: the cursor moves past items the token may
+// not read, so only a null (or absent) `next` ends the list.
 export async function listAll(token, path, body, signal) {
   const items = [];
   let page = await call(token, path, body, signal);
   items.push(...page.items);
-  while (page.next !== undefined && page.next !== null && page.items.length > 0) {
+  while (page.next !== undefined && page.next !== null) {
     page = await call(token, path, { ...body, cursor: page.next }, signal);
     items.push(...page.items);
   }

@@ -126,7 +126,9 @@ function start(session) {
   byId("who").textContent = `tenant ${session.tenant}`;
   byId("who").title = `credential ${session.credential}`;
   for (const id of ["who", "live", "sign-out"]) byId(id).hidden = false;
-  byId("events").replaceChildren();
+  // Nothing of a session before stays on show while this one's first answers come.
+  for (const id of ["pools", "nodes", "reservations", "events"]) byId(id).replaceChildren();
+  for (const id of ["pools", "nodes", "reservations"]) byId(`${id}-count`).textContent = "";
   setLive("waiting", "connecting…");
   refreshSoon(active);
   follow(active);
@@ -456,25 +458,42 @@ function setLive(state, text) {
   byId("live").textContent = text;
 }
 
-// B2: each call answers at once while there are events after `after`, else waits up to
-// WAIT_SECONDS for one; `next` moves past what was read, shown to this credential or not.
+// The log is read from its start without waiting and without a refresh per page, keeping
+// only the newest MAX_EVENTS, up to its end as it is now: a read that gets past nothing
+// (`next` == `after`; a page may be empty yet move `next` past events this token may not see,
+// B1). Then the panels are refreshed once, for what happened since the first refresh, and the
+// log is followed by long-poll (B2): each call answers as soon as there is an event after
+// `after`, or empty, its `next` moved past events not shown or (the wait over) not moved;
+// either way the next call goes out at once from `next`.
 async function follow(run) {
   const { token, tenant } = run.session;
   const signal = run.controller.signal;
   let after = 0;
+  let backlog = []; // while catching up: the newest events read so far; null once live
   while (run === active) {
     try {
       const page = await call(
         token,
         "compute/events/list",
-        { tenantId: tenant, after, limit: PAGE, waitSeconds: WAIT_SECONDS },
+        { tenantId: tenant, after, limit: PAGE, waitSeconds: backlog ? 0 : WAIT_SECONDS },
         signal,
       );
-      setLive("on", "live");
+      const moved = page.next !== after;
       after = page.next;
-      if (page.items.length > 0) {
-        addEvents(page.items);
+      if (backlog && moved) {
+        setLive("waiting", "reading the log…");
+        backlog = backlog.concat(page.items).slice(-MAX_EVENTS);
+      } else if (backlog) {
+        addEvents(backlog);
+        backlog = null;
+        setLive("on", "live");
         refreshSoon(run);
+      } else {
+        setLive("on", "live");
+        if (page.items.length > 0) {
+          addEvents(page.items);
+          refreshSoon(run);
+        }
       }
     } catch (error) {
       failed(run, error, (text) => setLive("stalled", `event log: ${text}; retrying`));
