@@ -65,12 +65,17 @@ async def test_b6_a_cached_answer_is_dropped_by_the_next_write_that_changes_anyt
     site = await api.site()
     pool = await api.pool(site)
     get = {"tenantId": "root", "poolId": pool["id"]}
-    for _ in range(2):  # the second answer is the cached one
+    answers = api.client.app[RUNTIME].answers
+
+    async def read_both() -> None:
         assert (await api.ok("compute/pools/get", get))["version"] == 1
-        assert await api.ok("compute/pools/list", {"tenantId": "acme"}, acme) == {
-            "items": [],
-            "next": None,
-        }
+        listed = await api.ok("compute/pools/list", {"tenantId": "acme"}, acme)
+        assert listed == {"items": [], "next": None}
+
+    await read_both()
+    assert answers.hits == 0
+    await read_both()  # the same credentials and bodies, nothing written since: cached
+    assert answers.hits == 2
     await api.offer(pool["id"], "acme", {"gpu": 3})
     shown = await api.ok("compute/pools/list", {"tenantId": "acme"}, acme)
     assert [q["max"] for q in shown["items"][0]["quotas"]] == [3]
@@ -80,6 +85,7 @@ async def test_b6_a_cached_answer_is_dropped_by_the_next_write_that_changes_anyt
     shown = await api.ok("compute/pools/list", {"tenantId": "acme"}, acme)
     assert [q["max"] for q in shown["items"][0]["quotas"]] == [5]
     assert shown["items"][0]["gpuModel"] == "H200"
+    assert answers.hits == 2  # every read after a write was made afresh
 
 
 def test_b6_the_generation_moves_with_each_write_and_only_then(db: Any) -> None:
@@ -169,10 +175,25 @@ async def test_b6_a_slow_cached_list_starts_worker_processes_that_answer_the_sam
         acme,
     )
     assert runtime.workers.answered == 3
-    # A worker that dies (out of memory, killed) costs no answer: reader threads take over.
+    # A worker that dies (out of memory, killed) costs no answer: reader threads take over
+    # (and no read is slow enough to start a new pool within this test).
+    monkeypatch.setattr(workers, "SLOW_READ_S", 3600.0)
     for child in multiprocessing.active_children():
         child.kill()
         child.join(10)
     again = await api.ok("compute/pools/list", {"tenantId": "acme", "limit": 5}, acme)
     assert again["items"] == by_thread["items"]
     assert not runtime.workers.ready
+
+
+async def test_b6_b5_a_cached_answer_is_never_served_to_a_revoked_credential(api: Api) -> None:
+    """The credential is checked before the cache is: revoked, its cached list is refused."""
+    await api.tenant("acme")
+    made = await api.ok("iam/credentials/create", {"tenantId": "acme"})
+    body = {"tenantId": "acme"}
+    for _ in range(2):
+        await api.ok("compute/pools/list", body, made["token"])
+    assert api.client.app[RUNTIME].answers.hits == 1
+    revoke = {"tenantId": "acme", "credentialId": made["credentialId"]}
+    await api.ok("iam/credentials/revoke", revoke)
+    await api.err("compute/pools/list", body, "UNAUTHENTICATED", token=made["token"], status=401)

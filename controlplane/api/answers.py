@@ -21,12 +21,14 @@ class AnswerCache:
         self._max_bytes = max_bytes
         self._bytes = 0
         self._entries: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
+        self.hits = 0
 
     def get(self, key: Key, generation: int) -> bytes | None:
         found = self._entries.get(key)
         if found is None or found[0] != generation:
             return None
         self._entries.move_to_end(key)
+        self.hits += 1
         return found[1]
 
     def put(self, key: Key, generation: int, answer: bytes) -> None:
