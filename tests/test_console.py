@@ -111,25 +111,27 @@ def ready_node(daemon: Daemon, join_token: str, inventory: Inventory) -> str:
     return str(node["nodeId"])
 
 
-def fleet(daemon: Daemon) -> tuple[str, str, str, str]:
-    """Root's H100 pool offered to acme (gpu 4) with dgx-h100-01 and dgx-h100-sick ready, the
-    sick one cordoned, and a gpu: 2 reservation placed: (pool, healthy node, sick node, res)."""
+def h100_pool(daemon: Daemon, site_name: str, region: str) -> str:
+    """A root H100 pool with the DGX policy on a new shared site: its id."""
     site = api(
         daemon,
         "compute/sites/create",
-        {"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"},
+        {"tenantId": "root", "name": site_name, "region": region, "kind": "shared"},
     )
-    pool = api(
-        daemon,
-        "compute/pools/create",
-        {
-            "tenantId": "root",
-            "siteId": site["id"],
-            "class": "metal-host",
-            "gpuModel": "H100",
-            "policy": DGX_POLICY,
-        },
-    )["id"]
+    pool = {
+        "tenantId": "root",
+        "siteId": site["id"],
+        "class": "metal-host",
+        "gpuModel": "H100",
+        "policy": DGX_POLICY,
+    }
+    return str(api(daemon, "compute/pools/create", pool)["id"])
+
+
+def fleet(daemon: Daemon) -> tuple[str, str, str, str]:
+    """Root's H100 pool offered to acme (gpu 4) with dgx-h100-01 and dgx-h100-sick ready, the
+    sick one cordoned, and a gpu: 2 reservation placed: (pool, healthy node, sick node, res)."""
+    pool = h100_pool(daemon, "fra1", "eu")
     api(daemon, "iam/tenants/create", {"tenantId": "acme"})
     offer = {"tenantId": "root", "poolId": pool, "toTenantId": "acme", "quota": {"gpu": 4}}
     api(daemon, "compute/pools/offer", offer)
@@ -154,22 +156,7 @@ def reserve(daemon: Daemon, pool: str, gpus: int) -> Any:
 def pool_in_us(daemon: Daemon) -> tuple[str, str]:
     """A second pool of root's, on a site in region us, with a twin of dgx-h100-01 ready and a
     gpu: 1 reservation placed on it: (pool, reservation)."""
-    site = api(
-        daemon,
-        "compute/sites/create",
-        {"tenantId": "root", "name": "iad1", "region": "us", "kind": "shared"},
-    )
-    pool = api(
-        daemon,
-        "compute/pools/create",
-        {
-            "tenantId": "root",
-            "siteId": site["id"],
-            "class": "metal-host",
-            "gpuModel": "H100",
-            "policy": DGX_POLICY,
-        },
-    )["id"]
+    pool = h100_pool(daemon, "iad1", "us")
     join = api(daemon, "compute/joinTokens/create", {"tenantId": "root", "poolId": pool})
     ready_node(daemon, join["token"], twin("dgx-h100-01", 1))
     return pool, reserve(daemon, pool, 1)["id"]
