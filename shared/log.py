@@ -142,10 +142,10 @@ def _timestamp() -> str:
 _http_log = structlog.get_logger("controlplane.http")
 
 
-def _ours(processors: list[Any]) -> bool:
-    """Whether structlog still runs the chain configured here (``capture_logs`` swaps the
-    list's contents, another ``configure`` the list)."""
-    return processors is _processors and bool(processors) and processors[-1] is _renderer
+def _structlog_runs_ours() -> bool:
+    """Whether structlog still runs the chain configured here: ``capture_logs`` (tests) swaps
+    the contents of that very list, ``configure_logging`` makes a new one."""
+    return bool(_processors) and _processors[-1] is _renderer
 
 
 def log_request(
@@ -155,11 +155,18 @@ def log_request(
     who called (tenant and credential, or node)."""
     if not _requests_logged:
         return
-    if _request_line is None or not _ours(structlog.get_config()["processors"]):
+    if _request_line is None or not _structlog_runs_ours():
         _http_log.info("request", method=method, path=path, status=status, ms=ms, **caller)
         return
-    line = {"request_id": request_id, "method": method, "path": path, "status": status, "ms": ms}
-    if caller:
-        line.update(caller)
-    line["event"], line["level"], line["timestamp"] = "request", "info", _timestamp()
+    line = {
+        "request_id": request_id,
+        "method": method,
+        "path": path,
+        "status": status,
+        "ms": ms,
+        **caller,
+        "event": "request",
+        "level": "info",
+        "timestamp": _timestamp(),
+    }
     _request_line(_ENCODER.encode(line) + b"\n")
