@@ -358,8 +358,13 @@ async def answer_read(
                 return from_worker[1]
     loop = asyncio.get_running_loop()
     deadline = None
+    waits_for = None  # whose events end a wait: one tenant's, or (None) any
+    if call.long_poll is not None and call.long_poll.seconds(body) > 0:
+        caller = await on_reader(store, lambda db: identify(method, db, token, request, runtime))
+        waits_for = call.long_poll.waits_for(body, caller)
     while True:
-        seen = runtime.commits.latest  # before reading: a later commit is news to this read
+        # Before reading: a commit after this is news to this read.
+        seen = runtime.commits.position(waits_for)
         run = run_read(method, call, token, request, runtime, body)
         if call.offload or store.postgres:
             started = time.perf_counter()
@@ -379,7 +384,7 @@ async def answer_read(
         if again is None or left <= 0:
             break
         body, read_past = again
-        if not read_past and not await runtime.commits.wait_beyond(seen, left):
+        if not read_past and not await runtime.commits.wait_beyond(seen, left, waits_for):
             break
     if key is not None:
         runtime.answers.put(key, made_at, encoded)

@@ -6,7 +6,12 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from controlplane.storage import events as storage_events
+from controlplane.storage.commits import parse_notice
 from tests.conftest import Api
 from tests.daemons import Daemon
 from tests.test_paging import A100_ONLY
@@ -127,3 +132,38 @@ def test_b2_a_stopping_daemon_answers_its_long_polls_at_once(tmp_path: Path) -> 
         assert answers == [{"items": [], "next": after}]
     finally:
         daemon.kill()
+
+
+async def test_b2_b6_other_tenants_commits_cost_a_waiting_call_no_read(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """acme waits; five commits of root's own events wake no read of acme's page (a commit
+    says whose events it holds, also across replicas in its NOTIFY); acme's own event does."""
+    await api.tenant("acme")
+    acme = await api.token_for("acme")
+    site = await api.site()
+    after = await tail(api, acme, "acme")
+    reads: list[str | None] = []
+    list_events = storage_events.list_events
+
+    def counted(db: Any, *, tenant_id: str | None, **kwargs: Any) -> Any:
+        reads.append(tenant_id)
+        return list_events(db, tenant_id=tenant_id, **kwargs)
+
+    monkeypatch.setattr(storage_events, "list_events", counted)
+    body = {"tenantId": "acme", "after": after, "waitSeconds": 30}
+    waiting = asyncio.create_task(api.ok("compute/events/list", body, acme))
+    await asyncio.sleep(0.2)
+    pools = [await api.pool(site) for _ in range(5)]
+    await asyncio.sleep(0.2)
+    assert reads == ["acme"]  # the first read only
+    await api.offer(pools[0]["id"], "acme")
+    answer = await asyncio.wait_for(waiting, 10)
+    assert [e["type"] for e in answer["items"]] == ["pool.offered"]
+    assert reads == ["acme", "acme"]
+
+
+def test_b2_a_commit_notice_names_its_tenants_or_stands_for_everyone() -> None:
+    assert parse_notice("42:acme,root") == (42, frozenset({"acme", "root"}))
+    assert parse_notice("42:") == (42, frozenset())
+    assert parse_notice("42") == (42, None)  # too many to name, or an older replica

@@ -29,6 +29,9 @@ class LongPoll:
 
     seconds: Callable[[Any], float]
     resume: Callable[[Any, Any], tuple[Any, bool] | None]
+    # Whose events may end the wait, from the body and the caller: a tenant, or None (any
+    # event: the fleet's view). A commit of events for others does not even cause a read.
+    waits_for: Callable[[Any, Any], str | None]
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,9 @@ METHODS = (
         read(
             events.list_events,
             offload=True,
-            long_poll=LongPoll(lambda req: req.wait_seconds, events.resume_after),
+            long_poll=LongPoll(
+                lambda req: req.wait_seconds, events.resume_after, events.whose_events
+            ),
         ),
         "Events after a position (after, or cursor), oldest first, at most limit (default 100; "
         "B1); next is the position after the last event read, never null: after=next continues.",

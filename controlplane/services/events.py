@@ -21,10 +21,16 @@ def position(req: EventsList) -> int:
     return int(req.cursor)
 
 
+def whose_events(req: EventsList, principal: Principal) -> str | None:
+    """The tenant whose audience the events shown come from; None: every event (root acting
+    as itself sees the fleet's log)."""
+    return None if principal.is_root and req.tenant_id == principal.tenant_id else req.tenant_id
+
+
 def list_events(db: Database, principal: Principal, req: EventsList) -> EventList:
     """The events after the position in seq order, at most ``limit``; ``next`` is the position
     after the last event read, never null (the log has no end): after=next continues."""
-    fleet = principal.is_root and req.tenant_id == principal.tenant_id
+    fleet = whose_events(req, principal) is None
     after = position(req)
     rows = events.list_events(
         db,

@@ -11,6 +11,7 @@ an event committed is not necessarily one visible to its tenant.
 import asyncio
 import contextlib
 import threading
+from collections.abc import Iterable
 
 import structlog
 
@@ -22,18 +23,37 @@ LISTEN_TIMEOUT_S = 1.0  # how often the listener looks up from the socket to see
 
 
 class CommitSignal:
-    """The highest event seq known committed; ``wait_beyond`` returns once a higher one is,
-    or at once for good after ``close`` (the server is stopping)."""
+    """The highest event seq known committed, for everyone and per tenant that may see it.
+
+    A waiter for one tenant's events (``tenant``) is woken only by a commit with an event in
+    that tenant's audience, or one whose audience is not known (``None``: another replica's
+    notice too long to name them); a waiter for the fleet (``tenant=None``) by any commit.
+    ``close`` (the server is stopping) ends every wait at once.
+    """
 
     def __init__(self, latest: int = 0) -> None:
         self.latest = latest
         self.closed = False
+        self._for_tenant: dict[str, int] = {}
+        self._for_everyone = latest  # the last commit whose audience is not known
         self._changed = asyncio.Event()
 
-    def advance(self, seq: int) -> None:
+    def position(self, tenant: str | None) -> int:
+        """The last seq that is news to ``tenant`` (None: to the fleet)."""
+        if tenant is None:
+            return self.latest
+        return max(self._for_tenant.get(tenant, 0), self._for_everyone)
+
+    def advance(self, seq: int, tenants: Iterable[str] | None) -> None:
+        """A commit of events up to ``seq`` visible to ``tenants`` (None: not known)."""
+        if tenants is None:
+            self._for_everyone = max(self._for_everyone, seq)
+        else:
+            for tenant in tenants:
+                self._for_tenant[tenant] = max(self._for_tenant.get(tenant, 0), seq)
         if seq > self.latest:
             self.latest = seq
-            self._wake()
+        self._wake()
 
     def close(self) -> None:
         self.closed = True
@@ -43,15 +63,24 @@ class CommitSignal:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def wait_beyond(self, seen: int, seconds: float) -> bool:
-        """Whether an event after ``seen`` was committed within ``seconds``."""
+    async def wait_beyond(self, seen: int, seconds: float, tenant: str | None = None) -> bool:
+        """Whether an event after ``seen`` that is news to ``tenant`` was committed within
+        ``seconds``; a commit that is not wakes this coroutine, which reads nothing and waits
+        on."""
         try:
             async with asyncio.timeout(seconds):
-                while self.latest <= seen and not self.closed:
+                while self.position(tenant) <= seen and not self.closed:
                     await self._changed.wait()
         except TimeoutError:
             pass
-        return self.latest > seen
+        return self.position(tenant) > seen
+
+
+def parse_notice(payload: str) -> tuple[int, frozenset[str] | None]:
+    """A commit's NOTIFY payload (``storage.db.notice``): its seq and its audience, None
+    when it names none (too many tenants, or a replica of an older version)."""
+    seq, named, tenants = payload.partition(":")
+    return int(seq), frozenset(tenants.split(",")) - {""} if named else None
 
 
 class CommitListener:
@@ -81,7 +110,9 @@ class CommitListener:
                         for notice in conn.notifies(timeout=LISTEN_TIMEOUT_S):
                             if self._stop.is_set():
                                 return
-                            loop.call_soon_threadsafe(self._signal.advance, int(notice.payload))
+                            loop.call_soon_threadsafe(
+                                self._signal.advance, *parse_notice(notice.payload)
+                            )
             except Exception:
                 if self._stop.is_set():
                     return
@@ -93,6 +124,6 @@ class CommitListener:
         """Stop listening; a notice of seq 0 (news to no one) wakes the thread at once."""
         self._stop.set()
         with contextlib.suppress(Exception):
-            self._store.reader.execute("SELECT pg_notify(?, '0')", [EVENTS_CHANNEL])
+            self._store.reader.execute("SELECT pg_notify(?, '0:')", [EVENTS_CHANNEL])
         if self._thread is not None:
             self._thread.join(timeout=LISTEN_TIMEOUT_S * 3)

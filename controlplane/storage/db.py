@@ -64,6 +64,16 @@ PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 # never over-admitted, one object per idempotency key, a gapless event seq.
 WRITER_LOCK = 0x6263_7772  # "bcwr"
 EVENTS_CHANNEL = "bc_events"  # PostgreSQL NOTIFY channel: the seq of the last event committed
+NOTICE_MAX = 7_000  # a NOTIFY payload is at most 8000 bytes: beyond this, "for everyone"
+
+
+def notice(db: Database) -> str:
+    """The NOTIFY payload of a commit: ``seq:tenant,tenant`` (who may see its events), or
+    ``seq`` alone (everyone's: too many tenants to name) when that would be too long."""
+    named = f"{db.appended}:{','.join(sorted(db.audience))}"
+    return named if len(named) <= NOTICE_MAX else str(db.appended)
+
+
 # Reads at once on threads: lists on SQLite; on PostgreSQL every read (each waits on the
 # server, not on the interpreter).
 READER_THREADS = {"sqlite": 4, "postgresql": 8}
@@ -172,8 +182,9 @@ class Store:
         self._local = threading.local()
         self._reader_dbs: list[Database] = []  # every reader thread's connection, to close
         self._gate: Callable[[Database], None] | None = None
-        # Called on the event loop after a mutation that appended events, with the last seq.
-        self.on_commit: Callable[[int], None] | None = None
+        # Called on the event loop after a mutation that appended events: the last seq and
+        # the tenants they are visible to.
+        self.on_commit: Callable[[int, frozenset[str]], None] | None = None
 
     def gated(self, gate: Callable[[Database], None]) -> "Store":
         """This store as one API method uses it: each of its transactions first runs ``gate``
@@ -205,11 +216,11 @@ class Store:
     def transact(self, fn: Callable[[Database], T]) -> T:
         """Run ``fn`` in one transaction on the calling thread: ``BEGIN IMMEDIATE`` on
         SQLite, ``BEGIN`` and the writer lock on PostgreSQL."""
-        result, _ = self._transact(fn)
-        return result
+        return self._transact(fn)[0]
 
-    def _transact(self, fn: Callable[[Database], T]) -> tuple[T, int]:
-        """``fn``'s result and the seq of the last event it appended (0 when none)."""
+    def _transact(self, fn: Callable[[Database], T]) -> tuple[T, int, frozenset[str]]:
+        """``fn``'s result, the seq of the last event it appended (0 when none) and the
+        tenants its events are visible to."""
         db = self._writer_db
         if isinstance(db, SqliteDatabase):
             db.execute("BEGIN IMMEDIATE")
@@ -217,7 +228,7 @@ class Store:
         else:
             db.execute("BEGIN")
             db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
-        db.appended = 0
+        db.appended, db.audience = 0, frozenset()
         try:
             if self._gate is not None:
                 self._gate(db)
@@ -232,19 +243,19 @@ class Store:
                     "WHERE pg_current_xact_id_if_assigned() IS NOT NULL"
                 )
                 if db.appended:
-                    db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, str(db.appended)])
+                    db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, notice(db)])
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
-        return result, db.appended
+        return result, db.appended, db.audience
 
     async def write(self, fn: Callable[[Database], T]) -> T:
         """Run the mutation ``fn`` on the writer thread, in one transaction."""
         loop = asyncio.get_running_loop()
-        result, appended = await loop.run_in_executor(self._writer, self._transact, fn)
+        result, appended, audience = await loop.run_in_executor(self._writer, self._transact, fn)
         if appended and self.on_commit is not None:
-            self.on_commit(appended)
+            self.on_commit(appended, audience)
         return result
 
     def close(self) -> None:

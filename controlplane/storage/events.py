@@ -30,11 +30,13 @@ def append(
         "SELECT coalesce(max(seq), 0) + 1, ?, ?, ?, ?, ? FROM events RETURNING seq",
         [new_id("evt"), event_type, now(), pool_id, msgspec.json.encode(data).decode()],
     ).fetchone()
+    tenants = set(audience)
     db.executemany(
         "INSERT INTO event_audience (tenant_id, seq) VALUES (?, ?) ON CONFLICT DO NOTHING",
-        [(tenant, seq) for tenant in set(audience)],
+        [(tenant, seq) for tenant in tenants],
     )
     db.appended = int(seq)
+    db.audience = db.audience | tenants
     return int(seq)
 
 

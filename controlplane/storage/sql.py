@@ -66,9 +66,10 @@ class Database:
     """One connection: ``execute`` and ``executemany`` with ``?`` (or ``:name``) placeholders."""
 
     dialect: Dialect = SQLITE
-    # The seq of the last event appended in the current transaction (0: none), for the store
-    # to tell long-polls after the commit (B2).
+    # The seq of the last event appended in the current transaction (0: none) and the tenants
+    # its events are visible to, for the store to tell long-polls after the commit (B2).
     appended: int = 0
+    audience: frozenset[str] = frozenset()
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
         raise NotImplementedError
