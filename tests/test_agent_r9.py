@@ -195,9 +195,10 @@ async def test_h8_a_refused_credential_joins_again_and_a_refused_join_is_retried
         await wait_for(lambda: len(events(log, "joined")) == 1)
         [node] = await nodes_of(daemon, pool)
         db = daemon.workdir / "data" / "bc.db"
-        # The node's credential revoked, as a removal does; the join token expired.
-        execute(db, "UPDATE nodes SET token_hash = randomblob(32)")
+        # The join token expired, then the node's credential revoked, as a removal does (in
+        # this order: a report refused in between would join again with the token).
         execute(db, "UPDATE join_tokens SET expires_at = '2000-01-01T00:00:00.000Z'")
+        execute(db, "UPDATE nodes SET token_hash = randomblob(32)")
         await wait_for(lambda: len(events(log, REJOIN_REFUSED)) >= 3)
         await asyncio.sleep(0.5)
         assert agent.poll() is None, "the agent exited"
