@@ -306,7 +306,7 @@ async def on_reader(store: Store, fn: Callable[[Database], T]) -> T:
     statements), PostgreSQL's on a reader thread (a network round trip must not hold the
     loop, B6)."""
     if store.postgres:
-        return await store.read(fn)
+        return await store.read_short(fn)
     return fn(store.reader)
 
 
@@ -366,11 +366,13 @@ async def answer_read(
         # Before reading: a commit after this is news to this read.
         seen = runtime.commits.position(waits_for)
         run = run_read(method, call, token, request, runtime, body)
-        if call.offload or store.postgres:
+        if call.offload:
             started = time.perf_counter()
             made_at, answer, encoded = await store.read(run)
-            if call.cached and call.offload:  # the reads workers take
+            if call.cached:  # the reads workers take
                 runtime.workers.saw(time.perf_counter() - started)
+        elif store.postgres:
+            made_at, answer, encoded = await store.read_short(run)
         else:
             # No await inside: the read transaction never spans a suspension.
             with store.snapshot() as db:

@@ -1,6 +1,7 @@
 """B2: events/list long-polls, woken by the commit of an event the caller may see."""
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 
 from controlplane.storage import events as storage_events
 from controlplane.storage.commits import parse_notice
+from controlplane.storage.db import Store, savepoint
 from tests.conftest import Api
 from tests.daemons import Daemon
 from tests.test_paging import A100_ONLY
@@ -167,3 +169,20 @@ def test_b2_a_commit_notice_names_its_tenants_or_stands_for_everyone() -> None:
     assert parse_notice("42:acme,root") == (42, frozenset({"acme", "root"}))
     assert parse_notice("42:") == (42, frozenset())
     assert parse_notice("42") == (42, None)  # too many to name, or an older replica
+    assert parse_notice("not ours") == (0, None)
+
+
+def test_b2_an_event_undone_in_a_savepoint_is_not_told_of(db: Any) -> None:
+    """R5's savepoints undo a failed node's or reservation's step, its events included: the
+    commit then tells long-polls of no event (an undone seq is the next event's)."""
+    store = Store(db)
+    try:
+
+        def step_fails(d: Any) -> None:
+            with contextlib.suppress(RuntimeError), savepoint(d):
+                storage_events.append(d, "site.created", pool_id=None, data={}, audience=["root"])
+                raise RuntimeError("this step fails")
+
+        assert store._transact(step_fails)[1:] == (0, frozenset())
+    finally:
+        store.close()

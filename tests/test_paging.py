@@ -5,6 +5,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from controlplane.services.paging import seal
 from controlplane.storage.sql import Database
 from tests.conftest import Api, execute
 
@@ -374,3 +375,33 @@ def test_b1_a_pools_page_costs_the_same_reads_whatever_its_size(tmp_path: Path) 
         assert reads[1] == reads[5], reads
     finally:
         store.close()
+
+
+async def test_b1_a_cursor_pages_only_the_tenant_and_filters_it_was_given_for(api: Api) -> None:
+    """A cursor is sealed with its list's tenant and filters: one from tenant acme's walk, or
+    from one pool's reservations, is INVALID_INPUT on `cursor` for root or for another pool;
+    and every cursor is as long as every other (the key's length stays sealed)."""
+    await api.tenant("acme")
+    acme = await api.token_for("acme")
+    site = await api.site()
+    pools = [(await api.pool(site))["id"] for _ in range(2)]
+    keyed = await api.pool(site, idempotencyKey="a-key-that-makes-a-long-derived-id")
+    for pool in pools:
+        await api.offer(pool, "acme", {"gpu": 4})
+        for _ in range(2):
+            body = {"tenantId": "acme", "poolId": pool, "resources": {"gpu": 1}}
+            await api.ok("compute/reservations/create", body, acme)
+    _, _, of_acme = await walk(api, "pools/list", {"tenantId": "acme"}, acme, limit=1)
+    await api.err(
+        "compute/pools/list", {"tenantId": "root", "cursor": of_acme[0]}, "INVALID_INPUT", "cursor"
+    )
+    first = {"tenantId": "acme", "poolId": pools[0]}
+    _, _, of_first = await walk(api, "reservations/list", first, acme, limit=1)
+    other = {"tenantId": "acme", "poolId": pools[1], "cursor": of_first[0]}
+    await api.err("compute/reservations/list", other, "INVALID_INPUT", "cursor", acme)
+    _, _, of_root = await walk(api, "pools/list", {"tenantId": "root"}, limit=1)
+    assert len({len(cursor) for cursor in of_root + of_acme + of_first}) == 1
+    secret = bytes(32)
+    keys = [pools[0], keyed["id"], f"{pools[0]}/hugepages1Gi"]  # a ULID, a derived id, a quota's
+    assert len({len(key) for key in keys}) == 3
+    assert len({len(seal(secret, "pools", key)) for key in keys}) == 1

@@ -146,7 +146,8 @@ class ReadWorkers:
             outcome = await loop.run_in_executor(pool, _answer, path, token, raw)
         except BrokenProcessPool:
             log.warning("a read worker died; lists go to reader threads until a new pool is up")
-            self.ready, self._starting, self._pool = False, False, None
+            if self._pool is pool:  # not a late failure of a pool already replaced
+                self.ready, self._starting, self._pool = False, False, None
             pool.shutdown(wait=False, cancel_futures=True)
             return None
         self.answered += 1

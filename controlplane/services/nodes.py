@@ -13,7 +13,7 @@ from controlplane.capacity.admission import READY
 from controlplane.capacity.liveness import Liveness
 from controlplane.iam.decide import Principal
 from controlplane.services.access import owned_pool, readable_pools
-from controlplane.services.paging import page, position
+from controlplane.services.paging import page, position, scope
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage.sql import Database
@@ -130,12 +130,12 @@ def list_nodes(db: Database, principal: Principal, liveness: Liveness, req: Node
         pool_ids = [owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:read").id]
     found, cursor = page(
         db,
-        "nodes",
+        scope("nodes", req),
         node_sql.nodes_of_pools(
             db,
             pool_ids,
             None if req.states is UNSET else req.states,
-            position(db, "nodes", req.cursor),
+            position(db, scope("nodes", req), req.cursor),
             req.limit + 1,
         ),
         req.limit,

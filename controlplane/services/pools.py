@@ -11,7 +11,7 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal, decide
 from controlplane.services.access import authz_attrs, owned_pool, visible_pool
-from controlplane.services.paging import page, position
+from controlplane.services.paging import page, position, scope
 from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import offers_by_pool, pool_view
 from controlplane.storage import events
@@ -182,11 +182,11 @@ def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
     limit = None if req.limit is UNSET else req.limit
     found, cursor = page(
         db,
-        "pools",
+        scope("pools", req),
         pool_sql.visible_pools(
             db,
             req.tenant_id,
-            position(db, "pools", req.cursor),
+            position(db, scope("pools", req), req.cursor),
             None if limit is None else limit + 1,
         ),
         limit,

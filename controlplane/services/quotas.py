@@ -11,7 +11,7 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal
 from controlplane.services.access import readable_pools
-from controlplane.services.paging import page, position
+from controlplane.services.paging import page, position, scope
 from controlplane.services.views import quota_row
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
@@ -57,10 +57,10 @@ def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaLis
         or not readable_pools(db, principal, req.tenant_id, {pool_id}, action)
     ):
         raise NotFound("pool not found", field="poolId")
-    pool, _, resource = position(db, "quotas", req.cursor).partition("/")
+    pool, _, resource = position(db, scope("quotas", req), req.cursor).partition("/")
     found, cursor = page(
         db,
-        "quotas",
+        scope("quotas", req),
         pool_sql.visible_quota_rows(db, req.tenant_id, pool_id, (pool, resource), req.limit + 1),
         req.limit,
         lambda row: f"{row['pool_id']}/{row['resource']}",

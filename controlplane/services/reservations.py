@@ -19,7 +19,7 @@ from controlplane.capacity.meters import meter_of
 from controlplane.iam.decide import Principal
 from controlplane.services.access import pool_not_found, readable_pools
 from controlplane.services.budgets import spent_hours
-from controlplane.services.paging import page, position
+from controlplane.services.paging import page, position, scope
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
@@ -193,13 +193,13 @@ def list_reservations(db: Database, principal: Principal, req: ReservationsList)
     """B1: the tenant's reservations in id order, a page at a time."""
     found, cursor = page(
         db,
-        "reservations",
+        scope("reservations", req),
         res_sql.of_tenant(
             db,
             req.tenant_id,
             None if req.pool_id is UNSET else req.pool_id,
             None if req.states is UNSET else req.states,
-            position(db, "reservations", req.cursor),
+            position(db, scope("reservations", req), req.cursor),
             req.limit + 1,
         ),
         req.limit,

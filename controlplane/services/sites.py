@@ -1,7 +1,7 @@
 """Sites: only root creates shared and dedicated sites; any tenant may create its own custom one."""
 
 from controlplane.iam.decide import ROOT_TENANT, Principal
-from controlplane.services.paging import page, position
+from controlplane.services.paging import page, position, scope
 from controlplane.storage import events
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
@@ -54,10 +54,10 @@ async def create_site(store: Store, principal: Principal, req: SitesCreate) -> S
 
 def list_sites(db: Database, principal: Principal, req: SitesList) -> SiteList:
     """B1: the tenant's sites in id order, a page at a time."""
-    after = position(db, "sites", req.cursor)
+    after = position(db, scope("sites", req), req.cursor)
     found, cursor = page(
         db,
-        "sites",
+        scope("sites", req),
         site_sql.list_sites(db, req.tenant_id, after, req.limit + 1),
         req.limit,
         lambda row: row["id"],

@@ -78,9 +78,13 @@ class CommitSignal:
 
 def parse_notice(payload: str) -> tuple[int, frozenset[str] | None]:
     """A commit's NOTIFY payload (``storage.db.notice``): its seq and its audience, None
-    when it names none (too many tenants, or a replica of an older version)."""
+    when it names none (too many tenants, or a replica of an older version) or is not a
+    notice at all (someone's ``NOTIFY bc_events 'x'``: the listener must not stop on it)."""
     seq, named, tenants = payload.partition(":")
-    return int(seq), frozenset(tenants.split(",")) - {""} if named else None
+    try:
+        return int(seq), frozenset(tenants.split(",")) - {""} if named else None
+    except ValueError:  # not one of ours: news to everyone, at no seq
+        return 0, None
 
 
 class CommitListener:

@@ -77,6 +77,7 @@ def notice(db: Database) -> str:
 # Reads at once on threads: lists on SQLite; on PostgreSQL every read (each waits on the
 # server, not on the interpreter).
 READER_THREADS = {"sqlite": 4, "postgresql": 8}
+SHORT_READER_THREADS = 4
 
 
 def is_postgres(location: str | Path) -> bool:
@@ -140,13 +141,17 @@ def generation(db: Database) -> int:
 @contextmanager
 def savepoint(db: Database) -> Iterator[None]:
     """A nested transaction: on an exception, what it wrote is undone and the exception goes
-    on, while the enclosing transaction and what it wrote before stay (R5)."""
+    on, while the enclosing transaction and what it wrote before stay (R5); so do the events
+    it appended as the commit will tell long-polls of them (an undone event's seq is the next
+    one's: told of, it would hide that one)."""
+    events_before = db.appended, db.audience
     db.execute("SAVEPOINT unit")
     try:
         yield
     except BaseException:
         db.execute("ROLLBACK TO unit")
         db.execute("RELEASE unit")
+        db.appended, db.audience = events_before
         raise
     db.execute("RELEASE unit")
 
@@ -178,6 +183,11 @@ class Store:
             max_workers=reader_threads
             or READER_THREADS["postgresql" if self.postgres else "sqlite"],
             thread_name_prefix="reader",
+        )
+        # PostgreSQL's short reads (a get, a cache check, a write's IAM pre-check) on threads of
+        # their own: never queued behind long lists.
+        self._short_readers = ThreadPoolExecutor(
+            max_workers=SHORT_READER_THREADS, thread_name_prefix="short-reader"
         )
         self._local = threading.local()
         self._reader_dbs: list[Database] = []  # every reader thread's connection, to close
@@ -212,6 +222,11 @@ class Store:
         """Run ``fn`` in one read transaction on a reader thread, off the event loop (B6)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._readers, self._read_in_thread, fn)
+
+    async def read_short(self, fn: Callable[[Database], T]) -> T:
+        """``read`` for a short read, on the threads long lists never take."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._short_readers, self._read_in_thread, fn)
 
     def transact(self, fn: Callable[[Database], T]) -> T:
         """Run ``fn`` in one transaction on the calling thread: ``BEGIN IMMEDIATE`` on
@@ -261,6 +276,7 @@ class Store:
     def close(self) -> None:
         self._writer.shutdown(wait=True)
         self._readers.shutdown(wait=True)
+        self._short_readers.shutdown(wait=True)
         self._writer_db.close()
         self.reader.close()
         for db in self._reader_dbs:
