@@ -9,7 +9,7 @@ from controlplane.storage.types import (
     pool_row,
     reservation_columns,
     reservation_row,
-    visible_pool_row,
+    visible_pool_of,
 )
 
 
@@ -57,14 +57,9 @@ def test_a_pool_whose_policy_no_longer_parses_still_loads() -> None:
 
 def test_a_visible_pool_carries_the_tenants_authz_row() -> None:
     """L1, R1: a visible pool carries the tenant's authz attributes as statements match them."""
-    columns = _pool_columns("{}") | {
-        "authz_gpu_model": "H100",
-        "authz_class": "metal-host",
-        "authz_sharing": "exclusive",
-        "authz_region": "eu",
-        "authz_owned": 1,
-    }
-    pool = visible_pool_row(columns)
+    # The visible-pool statement's row: the pool's columns in table order, then the authz row.
+    row = (*_pool_columns("{}").values(), "H100", "metal-host", "exclusive", "eu", 1)
+    pool = visible_pool_of(row)
     assert pool.authz.owned is True and pool.gpu_model is None
     assert pool.authz.attrs() == {
         "gpuModel": "H100",

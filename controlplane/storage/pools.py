@@ -12,7 +12,7 @@ from controlplane.storage.types import (
     VisiblePool,
     authz_of,
     pool_row,
-    visible_pool_row,
+    visible_pool_of,
 )
 
 
@@ -52,17 +52,18 @@ def pools_owned_by(db: Database, tenant_id: str) -> list[PoolRow]:
 
 
 # The pool's columns plus the tenant's authz row, which decisions read.
-_WITH_AUTHZ = (
-    "SELECT p.*, a.gpu_model AS authz_gpu_model, a.class AS authz_class, "
-    "a.sharing AS authz_sharing, a.region AS authz_region, a.owned AS authz_owned "
+_WITH_AUTHZ = (  # the columns types.visible_pool_of reads, in its order
+    "SELECT p.id, p.owner_tenant_id, p.site_id, p.class, p.gpu_model, p.sharing, p.agent, "
+    "p.policy, p.provider_account_id, p.version, p.archived_at, p.created_at, p.updated_at, "
+    "a.gpu_model, a.class, a.sharing, a.region, a.owned "
     "FROM pool_authz a JOIN pools p ON p.id = a.pool_id WHERE a.tenant_id = ?"
 )
 
 
 def pool_for_tenant(db: Database, tenant_id: str, pool_id: str) -> VisiblePool | None:
     """The pool with the tenant's authz row, or None when the tenant has no row for it."""
-    found = one(db, _WITH_AUTHZ + " AND a.pool_id = ?", [tenant_id, pool_id])
-    return None if found is None else visible_pool_row(found)
+    found = db.execute(_WITH_AUTHZ + " AND a.pool_id = ?", [tenant_id, pool_id]).fetchone()
+    return None if found is None else visible_pool_of(found)
 
 
 def authz_row_exists(db: Database, tenant_id: str, pool_id: str) -> bool:
@@ -81,7 +82,7 @@ def visible_pools(db: Database, tenant_id: str, after: str, limit: int | None) -
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
-    return [visible_pool_row(row) for row in rows(db, sql, params)]
+    return [visible_pool_of(row) for row in db.execute(sql, params)]
 
 
 def attrs_for(db: Database, tenant_id: str, pool_ids: Iterable[str]) -> dict[str, PoolAuthz]:
