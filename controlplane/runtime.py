@@ -3,8 +3,8 @@
 import time
 from dataclasses import dataclass, field
 
-from controlplane.api.answers import AnswerCache
-from controlplane.api.workers import ReadWorkers
+from controlplane.reads.answers import AnswerCache
+from controlplane.reads.workers import ReadWorkers
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from controlplane.api import workers
+from controlplane.reads import workers
 from controlplane.app import RUNTIME, make_app
 from controlplane.config import Config
 from controlplane.services import pools as pool_service
