@@ -92,8 +92,8 @@ from common import log_tail as log_tail
 from common import stop as stop
 
 POOLS = 50
-# Targets: pools/get (issue 2) and an unchanged nodes/report (issue 3: one control plane
-# for 300k hosts reporting every 30 s) at half the bare handler's rate or better.
+# Targets: pools/get and an unchanged nodes/report (one control plane for 300k hosts
+# reporting every 30 s) at half the bare handler's rate or better.
 TARGETS = {"pools/get": 0.5, "nodes/report": 0.5}
 NOLOG = "pools/get:nolog"  # pools/get on the daemon that writes no request lines
 

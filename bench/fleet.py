@@ -121,7 +121,7 @@ REGION = "eu-central"
 POLICY = {"maxPending": "6h"}
 OFFER_QUOTA = 32
 
-# Targets (issue 12).
+# Targets (DESIGN §10 B6, §13 F8).
 RATIO_TARGET = 0.5  # pools/get and nodes/report at 32 connections, x the bare handler
 LIST_POOLS = 1_000  # pools/list req/s at LIST_CONNECTIONS with this many pools visible
 LIST_CONNECTIONS = 8

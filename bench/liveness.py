@@ -19,7 +19,7 @@ d. a one-row mutation issued just after a flush starts: how long it waits for th
    with the flush the old way (queued on the writer) and the new (beside it).
 
 Prints each figure's range and median over the rounds and the ratios old / new. The target
-(issue 12, item 5): writer time for liveness per pass under 100 ms at 100,000 nodes.
+(DESIGN §9, lost nodes at fleet scale): writer time for liveness per pass under 100 ms at 100,000 nodes.
 
 ``--postgres`` runs the same on PostgreSQL too: on URL's database (it must be empty), or
 without one on a throwaway server (the test harness's tests/postgres.py). There each round's

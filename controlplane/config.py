@@ -2,8 +2,10 @@
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from controlplane.storage.db import Durability
+# R7: "full" syncs every commit before the answer; "relaxed" trades power-loss safety away.
+Durability = Literal["full", "relaxed"]
 
 MAX_BODY_BYTES = 1024 * 1024  # request bodies over 1 MiB are refused
 READ_WORKERS = 2  # processes for long cached lists, started on the first slow one (B6)

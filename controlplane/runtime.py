@@ -3,11 +3,11 @@
 import time
 from dataclasses import dataclass, field
 
-from controlplane.reads.answers import AnswerCache
-from controlplane.reads.workers import ReadWorkers
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache
+from controlplane.reads.answers import AnswerCache
+from controlplane.reads.workers import ReadWorkers
 from controlplane.storage.commits import CommitSignal
 from controlplane.storage.db import Store
 from controlplane.storage.leader import Leadership
@@ -25,11 +25,11 @@ class Runtime:
     answers: AnswerCache = field(default_factory=AnswerCache)  # cached reads' answers (B6)
     commits: CommitSignal = field(default_factory=CommitSignal)  # long-polls wait on it (B2)
     leadership: Leadership = field(init=False)
-    workers: ReadWorkers = field(init=False)  # long cached lists, in other processes (B6)
+    # Long cached lists in other processes (B6); none unless the app gives them.
+    workers: ReadWorkers = field(default_factory=ReadWorkers.disabled)
 
     def __post_init__(self) -> None:
         self.leadership = Leadership(self.config.db_path)
-        self.workers = ReadWorkers(self.config, self.config.read_workers)
 
     @property
     def db(self) -> Store:

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from controlplane.api.method import Method
-from controlplane.app import ALL_METHODS, RUNTIME
+from controlplane.api.keys import RUNTIME
+from controlplane.api.routes import ALL_METHODS
 from controlplane.services.access import Access
 from tests.conftest import Api, all_tables, execute
 from tests.nodes import joined, recorded, twin, wire

@@ -6,7 +6,9 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestClient
 
-from controlplane.app import METRICS, Metrics, request_middleware
+from controlplane.api.keys import METRICS
+from controlplane.api.middleware import request_middleware
+from controlplane.metrics import Metrics
 from tests.conftest import Api
 
 SHAPE = {"code", "message", "details", "requestId"}

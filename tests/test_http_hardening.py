@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from multidict import CIMultiDict
 
-from controlplane.app import ALL_METHODS, MAX_DEPTH, json_depth
+from controlplane.api.routes import ALL_METHODS
+from controlplane.api.screen import MAX_DEPTH, json_depth
 from tests.conftest import Api
 from tests.daemons import Daemon
 

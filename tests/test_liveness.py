@@ -1,4 +1,4 @@
-"""Node liveness off the writer (issue 12, item 5; DESIGN §9 lost nodes, B4, B5): stamps are
+"""Node liveness off the writer (DESIGN §9 lost nodes, B4, B5): stamps are
 flushed to a liveness store whose writes never take the writer, and neither a restart nor a
 takeover of the lead marks a node lost that reports."""
 

@@ -1,5 +1,4 @@
-"""Regressions an independent review of the node lifecycle found (H1, H3, H4, H5, N4 of
-bookings): each of these failed before its fix."""
+"""The node lifecycle at its edges (H1, H3, H4, H5, N4 of bookings): each case once failed."""
 
 from pathlib import Path
 from typing import Any

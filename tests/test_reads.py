@@ -11,7 +11,8 @@ import msgspec
 import pytest
 
 from controlplane.reads import workers
-from controlplane.app import RUNTIME, make_app
+from controlplane.api.keys import RUNTIME
+from controlplane.app import make_app
 from controlplane.config import Config
 from controlplane.services import pools as pool_service
 from controlplane.storage.db import Store, generation
@@ -120,7 +121,7 @@ def test_b6_the_generation_moves_with_each_write_and_only_then(db: Any) -> None:
 
 def test_b6_a_long_list_is_encoded_in_slices_to_the_same_bytes() -> None:
     """The sliced encoding (so the loop can run between slices) is the one-call encoding."""
-    from controlplane.app import ENCODE_SLICE, encode_answer
+    from controlplane.api.answer import ENCODE_SLICE, encode_answer
     from shared.schemas import SiteList, SiteView
 
     sites = [

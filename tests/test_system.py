@@ -2,7 +2,7 @@
 
 from typing import Any
 
-from controlplane.app import ALL_METHODS
+from controlplane.api.routes import ALL_METHODS
 from controlplane.config import Config
 from tests.conftest import Api
 

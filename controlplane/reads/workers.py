@@ -21,88 +21,53 @@ import asyncio
 import multiprocessing
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 import structlog
 
 from controlplane.config import Config
-from controlplane.storage.sql import Database
 
 log = structlog.get_logger("controlplane.workers")
 
 SLOW_READ_S = 0.05  # a cached list this long (on a reader thread) starts the worker processes
 
 
-@dataclass
-class _Worker:
-    """What one worker process holds: its connection, its methods, its credential cache."""
-
-    db: Database
-    methods: dict[str, Any]  # path -> Method
-    runtime: Any  # a Runtime without a store: the cached reads use only config and credentials
-
-
-_worker: _Worker | None = None
-
-
-def _start_worker(config: Config) -> None:
-    """The worker's initializer: one reader connection and the method table."""
-    global _worker
-    from controlplane.app import ALL_METHODS  # the parent's table, imported in the child
-    from controlplane.runtime import Runtime
-    from controlplane.storage.db import connect
-
-    _worker = _Worker(
-        db=connect(config.db_path, config.durability),
-        methods={method.path: method for method in ALL_METHODS},
-        runtime=Runtime(config),  # its own credential cache (0.5 s entries, B5)
-    )
-
-
-def _ready() -> bool:
-    return _worker is not None
-
-
 # ("ok", generation, encoded answer, who called) or ("error", status, code, message, details)
 Outcome = tuple[Any, ...]
 
 
-def _answer(path: str, token: str | None, raw: bytes) -> Outcome:
-    """Run one read in this worker: the parent's ``run_read`` on the worker's snapshot."""
-    from controlplane.app import CALLER, run_read
-    from controlplane.storage.db import snapshot_of
-    from shared.errors import ApiError
+@dataclass(frozen=True)
+class WorkerEntry:
+    """What a worker process runs, given by the layer that owns the method table: ``start``
+    (its initializer, with the config) and ``answer`` (one read: path, token, raw body).
+    Both are module-level functions, so spawn pickles them by name."""
 
-    assert _worker is not None
-    method = _worker.methods[path]
-    try:
-        # The parent decoded this body already (it is valid): decoding again is this
-        # process's copy of it.
-        body = msgspec.json.decode(raw, type=method.request)
-        stand_in: dict[Any, Any] = {}  # identify() says who called here, for the log line
-        run = run_read(method, method.call, token, stand_in, _worker.runtime, body)
-        with snapshot_of(_worker.db) as db:
-            made_at, _, encoded = run(db)
-        return ("ok", made_at, encoded, stand_in.get(CALLER, {}))
-    except ApiError as exc:
-        return ("error", exc.status, exc.code, exc.message, exc.details)
+    start: Callable[[Config], None]
+    answer: Callable[[str, str | None, bytes], Outcome]
+    ready: Callable[[], bool]
 
 
 class ReadWorkers:
     """The worker processes of one control plane, started on the first slow read."""
 
-    def __init__(self, config: Config, processes: int) -> None:
+    def __init__(self, config: Config | None, processes: int, entry: WorkerEntry | None) -> None:
+        """No ``config`` or ``entry``: no worker processes (reads stay on reader threads)."""
         self._config = config
-        self._processes = processes
+        self._entry = entry
+        self._processes = processes if config is not None and entry is not None else 0
         self._pool: ProcessPoolExecutor | None = None
         self._starting = False
         self._closed = False
         self.ready = False
         self.answered = 0  # reads the workers answered
+
+    @classmethod
+    def disabled(cls) -> "ReadWorkers":
+        return cls(None, 0, None)
 
     def saw(self, seconds: float) -> None:
         """A read took ``seconds`` on a reader thread: the first slow one starts the pool (on a
@@ -112,17 +77,19 @@ class ReadWorkers:
             threading.Thread(target=self._start, name="read-workers", daemon=True).start()
 
     def _start(self) -> None:
+        entry, config = self._entry, self._config
+        assert entry is not None and config is not None
         started = time.monotonic()
         self._pool = ProcessPoolExecutor(
             max_workers=self._processes,
             mp_context=multiprocessing.get_context("spawn"),  # never fork a threaded process
-            initializer=_start_worker,
-            initargs=(self._config,),
+            initializer=entry.start,
+            initargs=(config,),
         )
         if self._closed:  # the control plane stopped while this thread was starting it
             self._pool.shutdown(wait=False, cancel_futures=True)
             return
-        futures = [self._pool.submit(_ready) for _ in range(self._processes)]
+        futures = [self._pool.submit(entry.ready) for _ in range(self._processes)]
 
         def up(_: object) -> None:
             if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
@@ -139,11 +106,11 @@ class ReadWorkers:
     async def answer(self, path: str, token: str | None, raw: bytes) -> Outcome | None:
         """The worker's outcome; None when the pool broke (a worker died: out of memory,
         killed): the caller reads on a thread, and the next slow read starts a new pool."""
-        pool = self._pool
-        assert pool is not None
+        pool, entry = self._pool, self._entry
+        assert pool is not None and entry is not None
         loop = asyncio.get_running_loop()
         try:
-            outcome = await loop.run_in_executor(pool, _answer, path, token, raw)
+            outcome = await loop.run_in_executor(pool, entry.answer, path, token, raw)
         except BrokenProcessPool:
             log.warning("a read worker died; lists go to reader threads until a new pool is up")
             if self._pool is pool:  # not a late failure of a pool already replaced

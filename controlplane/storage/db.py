@@ -26,8 +26,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
+from controlplane.config import Durability
 from controlplane.storage.migrations import migrate
 from controlplane.storage.paging import make_cursor_key
 from controlplane.storage.sql import Database, PostgresDatabase, SqliteDatabase
@@ -54,7 +55,6 @@ def now() -> str:
 # R7: "full" syncs the WAL at every commit, so an acknowledged write survives a power loss;
 # "relaxed" (synchronous=NORMAL) syncs only at checkpoints: a crash of the process loses
 # nothing, a power loss may lose the last commits. bench/durability.py measures the cost.
-Durability = Literal["full", "relaxed"]
 SYNCHRONOUS: dict[Durability, str] = {"full": "FULL", "relaxed": "NORMAL"}
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 

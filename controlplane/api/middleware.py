@@ -1,0 +1,62 @@
+"""The one middleware: a request id on every line, the screen, errors mapped, one log line."""
+
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from controlplane.api.answer import error_response, json_response
+from controlplane.api.keys import CALLER, METRICS
+from controlplane.api.screen import incoming_request_id, screen
+from shared.errors import ApiError, InvalidInput, NotFound, error_body
+from shared.log import log_request
+
+log = structlog.get_logger("controlplane.http")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A request id on every log line and error body; one log line per request; errors mapped."""
+    request_id = incoming_request_id(request)
+    structlog.contextvars.bind_contextvars(request_id=request_id)
+    started = time.perf_counter()
+    try:
+        try:
+            await screen(request)
+            response = await handler(request)
+        except ApiError as exc:
+            response = error_response(exc, request_id)
+        except web.HTTPNotFound:
+            response = error_response(NotFound("no such method", path=request.path), request_id)
+        except web.HTTPMethodNotAllowed as exc:
+            error = InvalidInput("use POST with a JSON body")
+            response = error_response(error, request_id)
+            response.set_status(405)
+            response.headers["Allow"] = ", ".join(sorted(exc.allowed_methods))
+        except web.HTTPException as exc:
+            # Anything else aiohttp raises about the request itself (never seen so far).
+            status = exc.status if 400 <= exc.status < 500 else 400
+            response = error_response(InvalidInput(exc.reason), request_id)
+            response.set_status(status)
+        except Exception:
+            log.exception("unhandled error", path=request.path)
+            response = json_response(
+                error_body("INTERNAL", "internal error", {}, request_id), status=500
+            )
+        elapsed = time.perf_counter() - started
+        response.headers["X-Request-Id"] = request_id
+        route = request.path if request.match_info.route.resource else "unmatched"
+        request.app[METRICS].observe(route, response.status, elapsed)
+        log_request(
+            request_id,
+            request.method,
+            request.path,
+            response.status,
+            round(elapsed * 1000, 3),
+            request.get(CALLER, {}),
+        )
+        return response
+    finally:
+        structlog.contextvars.unbind_contextvars("request_id")

@@ -1,0 +1,28 @@
+"""The route table: every API method, and the paths the app serves."""
+
+from aiohttp import web
+
+from controlplane.api import iam, nodes, ops, pools, quotas, reservations, sites
+from controlplane.api.dispatch import method_handler
+from controlplane.api.method import Method
+from controlplane.console import add_console_routes
+
+ALL_METHODS: tuple[Method, ...] = (
+    *iam.METHODS,
+    *sites.METHODS,
+    *pools.METHODS,
+    *quotas.METHODS,
+    *nodes.METHODS,
+    *reservations.METHODS,
+)
+
+
+def add_routes(app: web.Application, methods: tuple[Method, ...]) -> None:
+    """Every method as ``POST`` on its path, the operations endpoints, the console (M2)."""
+    for method in methods:
+        app.router.add_post(method.path, method_handler(method))
+    app.router.add_get("/healthz", ops.healthz)
+    app.router.add_get("/readyz", ops.readyz)
+    app.router.add_get("/metrics", ops.metrics)
+    app.router.add_get("/api/openapi.json", ops.openapi)
+    add_console_routes(app)
