@@ -22,8 +22,8 @@ What is already true is read from the host (file contents, /proc/modules,
 service) is remembered in ``applied.json`` in the state directory as the hash
 of the unit last applied.
 
-``unit_commands`` and the undo helpers say what each unit runs, so that the
-dry-run plan (agent/plan.py) lists exactly what an apply would.
+``unit_commands`` and ``undo_commands`` (with ``undone_file``, ``undo_order``) say what
+each unit runs, so that the dry-run plan (agent/plan.py) lists exactly what an apply would.
 """
 
 import hashlib

@@ -15,7 +15,7 @@ import msgspec
 from agent.apply import RECORD, Applier, runner_for
 from agent.client import ControlPlane, ControlPlaneError
 from agent.inventory import FixtureError, InventoryCollector, collect_inventory
-from agent.inventory.nvml import load_pynvml
+from agent.inventory.nvml.api import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings
 from agent.plan import describe, for_people, read_host, write_tree
 from agent.state import State, units_of

@@ -22,7 +22,8 @@ import agent.inventory
 import agent.main
 from agent.inventory import InventoryCollector, collect_inventory
 from agent.inventory.fixture import FakeNvml
-from agent.inventory.nvml import HEALTH_FILE, SKIP_XIDS, NvmlSession, collect_gpus
+from agent.inventory.nvml.health import HEALTH_FILE, SKIP_XIDS
+from agent.inventory.nvml.session import NvmlSession, collect_gpus
 from agent.inventory.recording import FixtureHealth, FixtureHost, load_host
 from shared.inventory import Gpu, Inventory
 

@@ -21,7 +21,8 @@ import structlog
 from agent.inventory import collect_inventory, inventory_from
 from agent.inventory.fixture import FakeNvml
 from agent.inventory.host import collect_host, cpu, filesystems, hugepages, machine_id
-from agent.inventory.nvml import collect_gpus, load_pynvml
+from agent.inventory.nvml.api import load_pynvml
+from agent.inventory.nvml.session import collect_gpus
 from agent.inventory.recording import FixtureError, host_facts, load_host
 from shared.inventory import HugepagePool, Inventory
 

@@ -14,7 +14,9 @@ from types import TracebackType
 
 from agent.inventory.fixture import FakeNvml
 from agent.inventory.host import HostFacts, boot_id, collect_host
-from agent.inventory.nvml import HEALTH_FILE, NvmlApi, NvmlSession, collect_gpus, load_pynvml
+from agent.inventory.nvml.api import NvmlApi, load_pynvml
+from agent.inventory.nvml.health import HEALTH_FILE
+from agent.inventory.nvml.session import NvmlSession, collect_gpus
 from agent.inventory.recording import FixtureError, host_facts, load_host
 from shared.inventory import Gpu, Inventory, Nvml
 

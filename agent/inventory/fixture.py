@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
-from agent.inventory.nvml import load_pynvml
+from agent.inventory.nvml.api import load_pynvml
 from agent.inventory.recording import (
     FixtureGpu,
     FixtureHealth,

@@ -1,0 +1,31 @@
+"""Capacity (H6): the ledger of a pool's resources."""
+
+from msgspec import UNSET, UnsetType
+
+from shared.schemas.common import Answer, PoolScoped
+
+
+class PoolsCapacity(PoolScoped):
+    pass
+
+
+class CapacityByPool(PoolScoped):
+    pass
+
+
+class CapacityRow(Answer):
+    """H6, the capacity ledger: total over every node; schedulable over ready, schedulable
+    nodes and healthy GPUs; allocated as booked; available = schedulable not booked;
+    offered = quota maxima of tenants other than the owner (shown to the owner only)."""
+
+    pool_id: str
+    resource: str
+    total: int
+    schedulable: int
+    allocated: int
+    available: int
+    offered: int | UnsetType = UNSET
+
+
+class CapacityList(Answer):
+    items: list[CapacityRow]

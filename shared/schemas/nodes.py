@@ -1,0 +1,187 @@
+"""Nodes: join tokens, joining, the agent's report and spec, and the operator's node methods."""
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from shared.ids import ID_BODY
+from shared.inventory import Inventory
+from shared.nodespec import Unit
+from shared.schemas.common import Answer, PoolId, PoolScoped, Request, TenantScoped
+from shared.schemas.paging import DEFAULT_PAGE, Cursor, PageLimit
+from shared.validation import whole
+
+NodeId = Annotated[str, Meta(max_length=57, pattern=whole(rf"^node_{ID_BODY}{{26,52}}$"))]
+Hostname = Annotated[
+    str,
+    Meta(
+        max_length=253,
+        pattern=whole(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,62})(\.[A-Za-z0-9]([A-Za-z0-9-]{0,62}))*$"),
+    ),
+]
+Attestor = Annotated[str, Meta(max_length=64, pattern=whole(r"^[a-z0-9][a-z0-9.-]{0,63}$"))]
+
+
+class JoinTokensCreate(PoolScoped):
+    ttl_seconds: Annotated[int, Meta(ge=60, le=30 * 86400)] = 86400
+    max_uses: Annotated[int, Meta(ge=1, le=100_000)] = 1
+
+
+class NodesJoin(Request):
+    join_token: Annotated[str, Meta(min_length=1, max_length=256)]
+    attestor: Attestor
+    hostname: Hostname
+    inventory: Inventory
+
+
+class NodesReport(Request):
+    node_id: NodeId
+    inventory: Inventory
+    applied: dict[str, Any] | UnsetType = UNSET  # the last apply: each unit's outcome
+
+
+class NodesSpec(Request):
+    node_id: NodeId
+
+
+NodeState = Literal["configuring", "ready", "quarantined", "lost"]
+Reason = Annotated[str, Meta(min_length=1, max_length=500)]
+
+
+class NodesList(TenantScoped):
+    """H7: a pool's nodes, or without poolId every node of every pool the tenant owns."""
+
+    pool_id: PoolId | UnsetType = UNSET
+    states: Annotated[list[NodeState], Meta(max_length=4)] | UnsetType = UNSET
+    limit: PageLimit = DEFAULT_PAGE
+    cursor: Cursor | UnsetType = UNSET
+
+
+class NodesCordon(TenantScoped):
+    node_id: NodeId
+    reason: Reason
+
+
+class NodesUncordon(TenantScoped):
+    node_id: NodeId
+
+
+class NodesDrain(TenantScoped):
+    node_id: NodeId
+    reason: Reason
+    deadline_seconds: Annotated[int, Meta(ge=0, le=30 * 86400)] | UnsetType = UNSET
+
+
+class NodesRemove(TenantScoped):
+    node_id: NodeId
+    force: bool = False
+
+
+class NodeRemoved(Answer):
+    removed: bool
+
+
+class NodesGet(TenantScoped):
+    node_id: NodeId
+
+
+class JoinTokenCreated(Answer):
+    token: str
+    pool_id: str
+    expires_at: str
+    max_uses: int
+
+
+class NodeJoined(Answer):
+    node_id: str
+    token: str
+    pool_id: str
+    rejoined: bool
+
+
+class Reported(Answer):
+    spec_version: str
+
+
+class NodeSpec(Answer):
+    """What a node should be: the pool's policy rendered for it as ordered units (N6)."""
+
+    node_id: str
+    pool_id: str
+    version: str  # the units' content hash
+    pool_version: int
+    pool_class: str = msgspec.field(name="class")
+    sharing: str
+    gpu_model: str | None
+    policy: dict[str, Any]
+    units: list[Unit]
+    reboot: bool
+    booked_gpus: list[str]  # H4: GPUs with a live booking when the spec was rendered
+
+
+class ResourceRowView(Answer):
+    resource: str
+    capacity: int
+    allocated: int
+    ratio: float
+
+
+class DeviceView(Answer):
+    device_id: str
+    resource: str
+    gpu_uuid: str
+    profile: str | None
+    allocated: bool
+    unhealthy: bool  # H5: its GPU is not healthy: never placed
+    held: bool  # H4: a drain-gated unit is about to reconfigure its GPU
+
+
+class GpuSummary(Answer):
+    index: int
+    uuid: str
+    name: str
+    family: str | None
+    memory_bytes: int
+    mig: bool
+    health: str  # H5: healthy | unhealthy | unknown
+    health_reason: str | None
+
+
+class CordonView(Answer):
+    reason: str
+    at: str
+
+
+class DrainView(Answer):
+    reason: str
+    state: str  # draining | drained
+    started_at: str
+    deadline: str | None
+
+
+class NodeView(Answer):
+    id: str
+    pool_id: str
+    hostname: str
+    state: str
+    state_reason: str | None
+    tenant_owned: bool
+    joined_at: str
+    last_seen_at: str | None
+    gpus: list[GpuSummary]
+    resources: list[ResourceRowView]
+    devices: list[DeviceView]
+    inventory: Inventory | None
+    spec_version: str | None
+    applied_version: str | None  # H1: the last spec version applied cleanly
+    pending_reboot: bool
+    schedulable: bool  # H2: ready, not cordoned, not being drained
+    cordon: CordonView | None
+    drain: DrainView | None
+    applied: dict[str, Any] | None  # the agent's last apply: spec version and each unit's outcome
+
+
+class NodeList(Answer):
+    items: list[NodeView]
+    next: str | None  # the cursor of the next page (B1); null at the end
