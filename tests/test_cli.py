@@ -53,7 +53,8 @@ class Cli:
 
 
 def table_id(object_id: str) -> str:
-    """An id as a table shows it (M4: its last 8 characters; `-o wide` has it whole)."""
+    """Another object's id as a table shows it (M4: its last 8 characters; `-o wide` has it
+    whole; a row's own id is whole in both)."""
     return f"…{object_id[-8:]}"
 
 
@@ -99,10 +100,8 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     )  # fmt: skip
     listed = cli("sites", "list", "--tenant", "root").out
     assert listed.splitlines()[0].split() == ["ID", "NAME", "REGION", "KIND", "OWNER"]
-    assert (
-        table_id(site["id"]) in listed
-        and site["id"] in cli("-o", "wide", "sites", "list", "--tenant", "root").out
-    )
+    assert [line.split()[0] for line in listed.splitlines()[1:]] == [site["id"]]  # whole
+    assert site["id"] in cli("-o", "wide", "sites", "list", "--tenant", "root").out
 
     policy = tmp_path / "policy.json"
     policy.write_text("{}")
@@ -121,9 +120,7 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     # The seed's example: the tenant's view, quota shown as used/max.
     table = cli("pools", "list", "--tenant", "acme").out.splitlines()
     assert table[0].split() == ["ID", "MODEL", "CLASS", "SHARING", "OWNED", "ARCHIVED", "QUOTA"]
-    assert (
-        table[1].startswith(table_id(pool_id)) and "gpu 0/8" in table[1] and "vcpu 0/64" in table[1]
-    )
+    assert table[1].startswith(f"{pool_id}  ") and "gpu 0/8" in table[1] and "vcpu 0/64" in table[1]
     assert table[0].index("MODEL") == table[1].index("H100")  # aligned columns
     assert [p["id"] for p in cli.ok_json("pools", "list", "--tenant", "acme")["items"]] == [pool_id]
     assert "offered to acme: gpu 8" in cli("pools", "get", pool_id, "--tenant", "root").out
@@ -169,7 +166,7 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
             {"version": spec["version"], "units": units},
         )
     nodes = cli("nodes", "list", pool_id, "--tenant", "root").out
-    assert table_id(node["nodeId"]) in nodes and "8x H100" in nodes and "ready" in nodes
+    assert node["nodeId"] in nodes and "8x H100" in nodes and "ready" in nodes
     shown = cli("nodes", "get", node["nodeId"], "--tenant", "root").out
     assert "dgx-h100-01" in shown and "RESOURCE" in shown and "80 GiB" in shown
     assert any(line.split()[:2] == ["gpu", "8"] for line in shown.splitlines())  # GPU atoms
@@ -182,7 +179,8 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
 
     res = cli.ok_json("reservations", "create", pool_id, "--tenant", "acme", "--resource", "gpu=1")
     assert res["state"] == "placed"  # on the DGX that joined above
-    assert table_id(res["id"]) in cli("reservations", "list", "--tenant", "acme").out
+    res_table = cli("reservations", "list", "--tenant", "acme").out.splitlines()
+    assert [res["id"], table_id(pool_id)] in [row.split()[:2] for row in res_table[1:]]
     assert cli.ok_json("reservations", "get", res["id"], "--tenant", "acme")["id"] == res["id"]
     ended = cli.ok_json("reservations", "end", res["id"], "--tenant", "acme")
     assert ended["state"] == "ended"

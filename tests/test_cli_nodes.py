@@ -80,8 +80,8 @@ def ready_node(cli: Cli, unhealthy: int = 0) -> tuple[str, str]:
 
 
 def node_lines(out: str, node: str) -> list[str]:
-    """The table's lines for the node (M4: a table shows its id's tail)."""
-    return [line for line in out.splitlines() if table_id(node) in line]
+    """The table's lines for the node (M4: a table shows a row's own id whole)."""
+    return [line for line in out.splitlines() if line.startswith(f"{node}  ")]
 
 
 def events(cli: Cli, kind: str) -> list[Any]:
@@ -178,7 +178,7 @@ def test_remove_is_refused_while_booked_unless_forced(cli: Cli) -> None:
     assert ended["state"] == "ended" and ended["reason"] == "NodeRemoved"
     assert cli.ok_json("nodes", "remove", node, "--tenant", "root") == {"removed": True}
     assert cli("nodes", "get", node, "--tenant", "root", code=1).err.startswith("error: NOT_FOUND")
-    assert table_id(node) not in cli("nodes", "list", pool_id, "--tenant", "root").out
+    assert node not in cli("nodes", "list", pool_id, "--tenant", "root").out
     assert [e["data"]["nodeId"] for e in events(cli, "node.removed")] == [node]
 
 
@@ -200,7 +200,7 @@ def test_fleet_list_across_two_pools(cli: Cli) -> None:
 
     out = cli("nodes", "list", "--tenant", "root", "--page-size", "1").out.splitlines()
     assert out[0].split() == ["ID", "POOL", "HOSTNAME", "STATE", "GPUS", "REASON"]
-    assert sorted(line.split()[0] for line in out[1:]) == sorted(map(table_id, [a, b, c]))
+    assert sorted(line.split()[0] for line in out[1:]) == sorted([a, b, c])  # whole
     row = {node: line.split() for node in (a, b, c) for line in node_lines("\n".join(out), node)}
     assert row[a][1:5] == [table_id(first), row[a][2], "ready", "8x"]  # the pool's tail
     assert row[a][2] != row[b][2] and row[a][5:] == ["H100", "-"]
@@ -219,7 +219,7 @@ def test_fleet_list_across_two_pools(cli: Cli) -> None:
 
     one = cli("nodes", "list", second, "--tenant", "root").out.splitlines()
     assert one[0].split() == ["ID", "HOSTNAME", "STATE", "GPUS", "REASON"]
-    assert sorted(line.split()[0] for line in one[1:]) == sorted(map(table_id, [b, c]))
+    assert sorted(line.split()[0] for line in one[1:]) == sorted([b, c])
     cli("nodes", "list", "--tenant", "root", "--state", "gone", code=2)
 
 

@@ -1,10 +1,13 @@
-"""better-compute: the operator and tenant CLI over the HTTP API (DESIGN §7).
+"""better-compute: the operator and tenant CLI over the HTTP API (DESIGN §7), one command per
+HTTP API method.
 
-`core` holds the connection settings, the shared client calls, output and the root group;
-one module per command family registers its commands on that group when imported.
+`group` is the root group; `settings` the connection and output settings (flags, environment,
+profile); `calls` the API calls and their exit statuses (`exits`); `output` the tables and -o;
+`params` the shared options and parameter types; `ids` whole ids from their ends. One module
+per command family registers its commands on the group when imported.
 """
 
 from controlplane.cli import hosts, iam, nodes, pools
-from controlplane.cli.core import cli
+from controlplane.cli.group import cli
 
 __all__ = ["cli", "hosts", "iam", "nodes", "pools"]

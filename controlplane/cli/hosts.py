@@ -5,26 +5,18 @@ from typing import Any
 import click
 import msgspec
 
-from controlplane.cli.core import (
+from controlplane.cli.calls import call, end_of_log, every, next_events
+from controlplane.cli.group import cli
+from controlplane.cli.ids import POOL, RESERVATION, whole
+from controlplane.cli.output import emit, fields, id_cell, items, short, shown, table
+from controlplane.cli.params import (
     KeyInt,
-    call,
-    cli,
-    emit,
-    end_of_log,
-    every,
-    fields,
-    id_cell,
-    items,
-    next_events,
     page_size_option,
-    settings,
-    short,
-    shown,
-    table,
     tenant_of,
     tenant_option,
     watch_option,
 )
+from controlplane.cli.settings import settings
 
 EVENT_HEADERS = ["SEQ", "AT", "TYPE", "POOL", "DATA"]
 
@@ -121,9 +113,10 @@ def join_tokens_create(
     tenant: str | None, pool_id: str, ttl: int | None, max_uses: int | None
 ) -> None:
     """Create a join token for a pool the caller owns."""
+    tenant_id = tenant_of(tenant)
     body = {
-        "tenantId": tenant_of(tenant),
-        "poolId": pool_id,
+        "tenantId": tenant_id,
+        "poolId": whole(POOL, pool_id, tenant_id),
         "ttlSeconds": ttl,
         "maxUses": max_uses,
     }
@@ -143,7 +136,7 @@ def asked(r: dict[str, Any]) -> str:
 
 def res_row(r: dict[str, Any]) -> list[Any]:
     node, reason = id_cell(r.get("nodeId")), r.get("reason")
-    return [id_cell(r["id"]), id_cell(r["poolId"]), r["state"], asked(r), node, reason]
+    return [r["id"], id_cell(r["poolId"]), r["state"], asked(r), node, reason]
 
 
 res_table = items(RES_HEADERS, res_row, fit="REASON")
@@ -183,9 +176,10 @@ def reservations_create(
     idempotency_key: str | None,
 ) -> None:
     """Reserve resources in a pool."""
+    tenant_id = tenant_of(tenant)
     body = {
-        "tenantId": tenant_of(tenant),
-        "poolId": pool_id,
+        "tenantId": tenant_id,
+        "poolId": whole(POOL, pool_id, tenant_id),
         "resources": dict(resource),
         "migProfile": mig_profile,
         "idempotencyKey": idempotency_key,
@@ -204,13 +198,14 @@ def reservations_create(
 @watch_option
 def reservations_get(tenant: str | None, reservation_id: str, watch: bool) -> None:
     """Show one reservation."""
-    body = {"tenantId": tenant_of(tenant), "reservationId": reservation_id}
-    shown(lambda: call("compute/reservations/get", body), show_res, watch, body["tenantId"])
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "reservationId": whole(RESERVATION, reservation_id, tenant_id)}
+    shown(lambda: call("compute/reservations/get", body), show_res, watch, tenant_id)
 
 
 @reservations.command("list")
 @tenant_option
-@click.option("--pool", "pool_id", help="only this poolId")
+@click.option("--pool", "pool_id", help="only this poolId (or its end)")
 @click.option(
     "--state",
     "states",
@@ -228,7 +223,8 @@ def reservations_list(
 ) -> None:
     """List a tenant's reservations."""
     tenant_id = tenant_of(tenant)
-    body = {"tenantId": tenant_id, "poolId": pool_id, "states": list(states)}
+    pool = whole(POOL, pool_id, tenant_id)
+    body = {"tenantId": tenant_id, "poolId": pool, "states": list(states)}
     shown(lambda: every("compute/reservations/list", body, page_size), res_table, watch, tenant_id)
 
 
@@ -237,7 +233,8 @@ def reservations_list(
 @click.argument("reservation_id")
 def reservations_end(tenant: str | None, reservation_id: str) -> None:
     """End a reservation and free what it holds."""
-    body = {"tenantId": tenant_of(tenant), "reservationId": reservation_id}
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "reservationId": whole(RESERVATION, reservation_id, tenant_id)}
     emit(call("compute/reservations/end", body), show_res)
 
 

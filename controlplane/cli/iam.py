@@ -4,22 +4,16 @@ from typing import Any
 
 import click
 
-from controlplane.cli.core import (
+from controlplane.cli.calls import call, every
+from controlplane.cli.group import cli
+from controlplane.cli.ids import CREDENTIAL, whole
+from controlplane.cli.output import emit, fields, items, shown, table, yes
+from controlplane.cli.params import (
     JsonValue,
-    call,
-    cli,
-    emit,
-    every,
-    fields,
-    id_cell,
-    items,
     page_size_option,
-    shown,
-    table,
     tenant_of,
     tenant_option,
     watch_option,
-    yes,
 )
 
 # --- IAM -------------------------------------------------------------------------
@@ -69,7 +63,8 @@ def credentials_create(tenant: str | None, name: str | None, statements: Any) ->
 @click.argument("credential_id")
 def credentials_revoke(tenant: str | None, credential_id: str) -> None:
     """Revoke a credential."""
-    body = {"tenantId": tenant_of(tenant), "credentialId": credential_id}
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "credentialId": whole(CREDENTIAL, credential_id, tenant_id)}
     emit(call("iam/credentials/revoke", body), fields(["credentialId", "revoked"]))
 
 
@@ -123,5 +118,5 @@ def sites_create(tenant: str | None, name: str, region: str, kind: str) -> None:
 def sites_list(tenant: str | None, page_size: int | None, watch: bool) -> None:
     """List the sites a tenant sees."""
     body = {"tenantId": tenant_of(tenant)}
-    render = items(SITE_ROW[0], lambda s: [id_cell(s["id"]), *(s[k] for k in SITE_ROW[1][1:])])
+    render = items(SITE_ROW[0], lambda s: [s[k] for k in SITE_ROW[1]])
     shown(lambda: every("compute/sites/list", body, page_size), render, watch, body["tenantId"])

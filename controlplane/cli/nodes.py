@@ -6,32 +6,23 @@ says why it takes no new bookings or is not ready: a drain or a cordon with the 
 named (H5), e.g. `8x H100 (1 unhealthy)`.
 """
 
-import re
 from typing import Any
 
 import click
 
-from controlplane.cli.core import (
-    call,
-    cli,
-    emit,
-    every,
-    fields,
-    human_bytes,
-    id_cell,
+from controlplane.cli.calls import call, every
+from controlplane.cli.group import cli
+from controlplane.cli.ids import NODE, POOL, whole
+from controlplane.cli.output import emit, fields, human_bytes, id_cell, shown, table, yes
+from controlplane.cli.params import (
+    Duration,
     page_size_option,
-    shown,
-    table,
     tenant_of,
     tenant_option,
     watch_option,
-    yes,
 )
 
 NODE_STATES = ["configuring", "ready", "quarantined", "lost"]
-MAX_DEADLINE = 30 * 86400  # the API's bound on deadlineSeconds
-DURATION_PART = re.compile(r"(\d+)([smhd])")
-UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 # --- cells -----------------------------------------------------------------------
@@ -68,7 +59,7 @@ def gpu_cell(gpus: list[dict[str, Any]]) -> str | None:
 
 def node_row(n: dict[str, Any], fleet: bool = False) -> list[Any]:
     pool = [id_cell(n["poolId"])] if fleet else []
-    return [id_cell(n["id"]), *pool, n["hostname"], n["state"], gpu_cell(n["gpus"]), reason_cell(n)]
+    return [n["id"], *pool, n["hostname"], n["state"], gpu_cell(n["gpus"]), reason_cell(n)]
 
 
 def node_headers(fleet: bool = False) -> list[str]:
@@ -152,29 +143,6 @@ def show_node(n: dict[str, Any]) -> None:
     table(["RESOURCE", "CAPACITY", "ALLOCATED", "RATIO", "UNHEALTHY", "HELD"], rows)
 
 
-# --- parameter types -----------------------------------------------------------
-
-
-class Duration(click.ParamType[Any, Any]):
-    """Seconds, or a duration such as 90s, 30m, 2h, 1d, 1h30m."""
-
-    name = "DURATION"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower()
-        if text.isdigit():
-            seconds = int(text)
-        elif text and DURATION_PART.sub("", text) == "":
-            seconds = sum(int(n) * UNIT_SECONDS[u] for n, u in DURATION_PART.findall(text))
-        else:
-            self.fail(f"{value!r} is not a duration (e.g. 90s, 30m, 2h or seconds)", param, ctx)
-        if seconds > MAX_DEADLINE:
-            self.fail(f"{value!r} is longer than 30 days", param, ctx)
-        return seconds
-
-
 # --- commands --------------------------------------------------------------------
 
 
@@ -200,7 +168,8 @@ def nodes_list(
     fleet view, H7). Follows `next` to the end: the table (and -o json's items) hold every
     node."""
     tenant_id = tenant_of(tenant)
-    body = {"tenantId": tenant_id, "poolId": pool_id, "states": list(states)}
+    pool = whole(POOL, pool_id, tenant_id)
+    body = {"tenantId": tenant_id, "poolId": pool, "states": list(states)}
     shown(
         lambda: every("compute/nodes/list", body, page_size),
         lambda answer: node_table(answer["items"], fleet=pool_id is None),
@@ -216,8 +185,9 @@ def nodes_list(
 def nodes_get(tenant: str | None, node_id: str, watch: bool) -> None:
     """Show one node: state and reason, schedulable, cordon, drain, pending reboot, applied
     and spec versions (H1, H3), each GPU's health (H5), its resource rows and GPU atoms."""
-    body = {"tenantId": tenant_of(tenant), "nodeId": node_id}
-    shown(lambda: call("compute/nodes/get", body), show_node, watch, body["tenantId"])
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "nodeId": whole(NODE, node_id, tenant_id)}
+    shown(lambda: call("compute/nodes/get", body), show_node, watch, tenant_id)
 
 
 @nodes.command("cordon", short_help="Take no new bookings on a node (H3).")
@@ -226,7 +196,8 @@ def nodes_get(tenant: str | None, node_id: str, watch: bool) -> None:
 @click.option("--reason", required=True, help="why: shown with the node (1-500 characters)")
 def nodes_cordon(tenant: str | None, node_id: str, reason: str) -> None:
     """Take no new bookings on a node; its bookings run on (H3, owner only; idempotent)."""
-    body = {"tenantId": tenant_of(tenant), "nodeId": node_id, "reason": reason}
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "nodeId": whole(NODE, node_id, tenant_id), "reason": reason}
     emit(call("compute/nodes/cordon", body), node_summary)
 
 
@@ -235,7 +206,8 @@ def nodes_cordon(tenant: str | None, node_id: str, reason: str) -> None:
 @click.argument("node_id")
 def nodes_uncordon(tenant: str | None, node_id: str) -> None:
     """Undo a cordon or a drain: the node takes bookings again (H3, owner only; idempotent)."""
-    body = {"tenantId": tenant_of(tenant), "nodeId": node_id}
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "nodeId": whole(NODE, node_id, tenant_id)}
     emit(call("compute/nodes/uncordon", body), node_summary)
 
 
@@ -249,9 +221,10 @@ def nodes_uncordon(tenant: str | None, node_id: str) -> None:
 def nodes_drain(tenant: str | None, node_id: str, reason: str, deadline: int | None) -> None:
     """Cordon a node and wait for its bookings to end: `drained` once none is left; at the
     deadline the rest end with NodeDrained (H3, owner only; draining again changes nothing)."""
+    tenant_id = tenant_of(tenant)
     body = {
-        "tenantId": tenant_of(tenant),
-        "nodeId": node_id,
+        "tenantId": tenant_id,
+        "nodeId": whole(NODE, node_id, tenant_id),
         "reason": reason,
         "deadlineSeconds": deadline,
     }
@@ -266,5 +239,7 @@ def nodes_remove(tenant: str | None, node_id: str, force: bool) -> None:
     """Remove a node: its rows, atoms and credential go and the host may join any pool. Refused
     (INVALID_STATE) while bookings are placed or active on it, unless --force (H3, owner
     only; idempotent)."""
-    body = {"tenantId": tenant_of(tenant), "nodeId": node_id, "force": force or None}
+    tenant_id = tenant_of(tenant)
+    node = whole(NODE, node_id, tenant_id)
+    body = {"tenantId": tenant_id, "nodeId": node, "force": force or None}
     emit(call("compute/nodes/remove", body), fields(["removed"]))

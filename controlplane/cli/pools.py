@@ -4,28 +4,30 @@ from typing import Any
 
 import click
 
-from controlplane.cli.core import (
-    KeyInt,
-    as_dict,
-    call,
-    cli,
+from controlplane.cli.calls import call, every
+from controlplane.cli.group import cli
+from controlplane.cli.ids import POOL, SITE, whole
+from controlplane.cli.output import (
     emit,
-    every,
     fields,
     id_cell,
     items,
-    page_size_option,
-    policy_option,
     quota_cell,
-    quota_option,
     short,
     shown,
     table,
+    used_max,
+    yes,
+)
+from controlplane.cli.params import (
+    KeyInt,
+    as_dict,
+    page_size_option,
+    policy_option,
+    quota_option,
     tenant_of,
     tenant_option,
-    used_max,
     watch_option,
-    yes,
 )
 
 # --- pools -----------------------------------------------------------------------
@@ -33,7 +35,7 @@ from controlplane.cli.core import (
 
 def pool_row(p: dict[str, Any]) -> list[Any]:
     return [
-        id_cell(p["id"]),
+        p["id"],
         p.get("gpuModel") or "-",
         p["class"],
         p["sharing"],
@@ -103,13 +105,14 @@ def pools_list(tenant: str | None, page_size: int | None, watch: bool) -> None:
 @watch_option
 def pools_get(tenant: str | None, pool_id: str, watch: bool) -> None:
     """Show one pool."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
-    shown(lambda: call("compute/pools/get", body), show_pool, watch, body["tenantId"])
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": whole(POOL, pool_id, tenant_id)}
+    shown(lambda: call("compute/pools/get", body), show_pool, watch, tenant_id)
 
 
 @pools.command("create")
 @tenant_option
-@click.option("--site", "site_id", required=True, help="siteId")
+@click.option("--site", "site_id", required=True, help="siteId (or its end)")
 @click.option(
     "--class",
     "pool_class",
@@ -136,9 +139,10 @@ def pools_create(
     idempotency_key: str | None,
 ) -> None:
     """Create a pool."""
+    tenant_id = tenant_of(tenant)
     body = {
-        "tenantId": tenant_of(tenant),
-        "siteId": site_id,
+        "tenantId": tenant_id,
+        "siteId": whole(SITE, site_id, tenant_id),
         "class": pool_class,
         "gpuModel": gpu_model,
         "sharing": sharing,
@@ -167,9 +171,10 @@ def pools_offer(
     priority: int | None,
 ) -> None:
     """Offer a pool to a tenant with a quota."""
+    tenant_id = tenant_of(tenant)
     body = {
-        "tenantId": tenant_of(tenant),
-        "poolId": pool_id,
+        "tenantId": tenant_id,
+        "poolId": whole(POOL, pool_id, tenant_id),
         "toTenantId": to_tenant,
         "quota": dict(quota),
         "includeDescendants": include_descendants,
@@ -184,7 +189,9 @@ def pools_offer(
 @click.option("--to", "to_tenant", required=True, help="toTenantId")
 def pools_unoffer(tenant: str | None, pool_id: str, to_tenant: str) -> None:
     """Withdraw a pool's offer to a tenant."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id, "toTenantId": to_tenant}
+    tenant_id = tenant_of(tenant)
+    pool = whole(POOL, pool_id, tenant_id)
+    body = {"tenantId": tenant_id, "poolId": pool, "toTenantId": to_tenant}
     emit(call("compute/pools/unoffer", body), fields(["removed"]))
 
 
@@ -195,7 +202,8 @@ def pools_unoffer(tenant: str | None, pool_id: str, to_tenant: str) -> None:
 @click.option("--gpu-model")
 def pools_update(tenant: str | None, pool_id: str, policy: Any, gpu_model: str | None) -> None:
     """Change a pool's policy or GPU model."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id, "policy": policy}
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": whole(POOL, pool_id, tenant_id), "policy": policy}
     emit(call("compute/pools/update", {**body, "gpuModel": gpu_model}), show_pool)
 
 
@@ -204,7 +212,8 @@ def pools_update(tenant: str | None, pool_id: str, policy: Any, gpu_model: str |
 @click.argument("pool_id")
 def pools_archive(tenant: str | None, pool_id: str) -> None:
     """Archive a pool."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": whole(POOL, pool_id, tenant_id)}
     emit(call("compute/pools/archive", body), show_pool)
 
 
@@ -214,8 +223,9 @@ def pools_archive(tenant: str | None, pool_id: str) -> None:
 @watch_option
 def pools_capacity(tenant: str | None, pool_id: str, watch: bool) -> None:
     """A pool's capacity ledger by resource (H6)."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
-    shown(lambda: call("compute/pools/capacity", body), capacity_table, watch, body["tenantId"])
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": whole(POOL, pool_id, tenant_id)}
+    shown(lambda: call("compute/pools/capacity", body), capacity_table, watch, tenant_id)
 
 
 @cli.command("capacity")
@@ -224,8 +234,9 @@ def pools_capacity(tenant: str | None, pool_id: str, watch: bool) -> None:
 @watch_option
 def capacity(tenant: str | None, pool_id: str, watch: bool) -> None:
     """A pool's capacity ledger by resource (capacity/byPool, H6)."""
-    body = {"tenantId": tenant_of(tenant), "poolId": pool_id}
-    shown(lambda: call("compute/capacity/byPool", body), capacity_table, watch, body["tenantId"])
+    tenant_id = tenant_of(tenant)
+    body = {"tenantId": tenant_id, "poolId": whole(POOL, pool_id, tenant_id)}
+    shown(lambda: call("compute/capacity/byPool", body), capacity_table, watch, tenant_id)
 
 
 # --- quotas and events -----------------------------------------------------------
@@ -257,9 +268,10 @@ def quotas_set(
     tenant: str | None, pool_id: str, for_tenant: str, quota: tuple[tuple[str, int], ...]
 ) -> None:
     """Set a tenant's quota on a pool the caller owns."""
+    tenant_id = tenant_of(tenant)
     body = {
-        "tenantId": tenant_of(tenant),
-        "poolId": pool_id,
+        "tenantId": tenant_id,
+        "poolId": whole(POOL, pool_id, tenant_id),
         "forTenantId": for_tenant,
         "quota": dict(quota),
     }
@@ -268,7 +280,7 @@ def quotas_set(
 
 @quotas.command("list")
 @tenant_option
-@click.option("--pool", "pool_id", help="only this poolId")
+@click.option("--pool", "pool_id", help="only this poolId (or its end)")
 @page_size_option
 @watch_option
 def quotas_list(
@@ -276,5 +288,5 @@ def quotas_list(
 ) -> None:
     """List the caller tenant's quota rows."""
     tenant_id = tenant_of(tenant)
-    body = {"tenantId": tenant_id, "poolId": pool_id}
+    body = {"tenantId": tenant_id, "poolId": whole(POOL, pool_id, tenant_id)}
     shown(lambda: every("compute/quotas/list", body, page_size), quota_rows, watch, tenant_id)
