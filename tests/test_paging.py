@@ -227,7 +227,7 @@ def test_b1_list_pages_walk_an_index_from_the_cursor_and_sort_nothing(tmp_path: 
     """B1: the page statements of reservations/list (every state, some states, of a pool),
     quotas/list, sites/list, pools/list and nodes/list (a pool, several) each read an index
     range from the cursor and stop at the limit: no temporary sort of the tenant's history."""
-    from controlplane.storage import nodes, pools, reservations, sites
+    from controlplane.storage import nodes, pools, quotas, reservations, sites
     from controlplane.storage.db import Store
 
     store = Store(tmp_path / "bc.db")
@@ -243,7 +243,7 @@ def test_b1_list_pages_walk_an_index_from_the_cursor_and_sort_nothing(tmp_path: 
                 lambda db: reservations.of_tenant(db, "acme", pool, None, "", 101)
             ),
             "quotas_tenant_page (tenant_id=? AND (pool_id,resource)>(?,?))": lambda db: (
-                pools.visible_quota_rows(db, "acme", None, (pool, "gpu"), 101)
+                quotas.visible_quota_rows(db, "acme", None, (pool, "gpu"), 101)
             ),
             "sites_owner_page (owner_tenant_id=? AND id>?)": lambda db: sites.list_sites(
                 db, "acme", "site_x", 101
@@ -311,7 +311,7 @@ def test_b1_h7_a_nodes_page_over_more_pools_than_one_statement_merges_takes_them
         many = [first, *(f"pool_y{n:025d}" for n in range(MAX_ARMS)), last]
         with store.snapshot() as db:
             page = nodes_of_pools(db, many, None, "node_0", 2)
-        assert [node["id"] for node in page] == ["node_1", "node_2"]
+        assert [node.id for node in page] == ["node_1", "node_2"]
     finally:
         store.close()
 
@@ -320,6 +320,7 @@ def test_b1_a_pools_page_costs_the_same_reads_whatever_its_size(tmp_path: Path) 
     """B1: a pools/list page of owned pools reads its pools, the caller's quota rows and the
     offers with their quotas once for the whole page, not once per pool (no N+1)."""
     from controlplane.iam.decide import Principal
+    from controlplane.services.call import Call, Env
     from controlplane.services.pools import list_pools
     from controlplane.storage.db import Store
     from shared.schemas import PoolsList
@@ -361,11 +362,15 @@ def test_b1_a_pools_page_costs_the_same_reads_whatever_its_size(tmp_path: Path) 
         conn = store.reader.conn  # type: ignore[attr-defined]
         owner = Principal("cred", "acme", None)
         reads: dict[int, int] = {}
+        with store.snapshot() as db:  # the connection's first page learns the cursor key
+            list_pools(db, Call(owner, PoolsList(tenant_id="acme", limit=1), Env()))
         for limit in (1, 5):
             ran: list[str] = []
             conn.set_trace_callback(ran.append)
             with store.snapshot() as db:
-                answer = list_pools(db, owner, PoolsList(tenant_id="acme", limit=limit))
+                answer = list_pools(
+                    db, Call(owner, PoolsList(tenant_id="acme", limit=limit), Env())
+                )
             conn.set_trace_callback(None)
             reads[limit] = len(ran)
             assert len(answer.items) == limit

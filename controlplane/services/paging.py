@@ -10,25 +10,24 @@ replica reads from the same row (storage/paging.py), so a cursor from one replic
 another. It reveals no key (not even its length: positions are padded to a multiple of 128
 bytes) and cannot be forged or altered, nor taken to another list, tenant or filter: the
 scope it was given for (the list's name and the request but for its cursor and limit) is
-under its MAC, and anything this scope did not give is INVALID_INPUT on ``cursor``. What a
-page still shows a narrowed credential is that items it may not see lie there: a page with
-fewer items than its limit, or none, and a next.
+authenticated with it, and anything this scope did not give is INVALID_INPUT on ``cursor``.
+What a page still shows a narrowed credential is that items it may not see lie there: a page
+with fewer items than its limit, or none, and a next.
 
-The seal, with the standard library only (encrypt-then-MAC): a 16-byte random nonce; the
-padded position XOR a keystream of HMAC-SHA256(encryption key, nonce ‖ block counter) blocks;
-a 16-byte HMAC-SHA256 tag (MAC key) over the scope, the nonce and the ciphertext; both keys
-derived from the cursor key; ``nonce ‖ ciphertext ‖ tag`` in base64url without padding.
+F5: the seal is ``cryptography``'s AES-256-GCM under the cursor key: ``version ‖ nonce ‖
+ciphertext and tag`` in base64url without padding, a random 96-bit nonce per cursor, and the
+version byte with the scope as associated data. A cursor of another version is refused.
 """
 
 import base64
 import binascii
-import hashlib
-import hmac
 import os
 from collections.abc import Callable
 from typing import TypeVar
 
 import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from msgspec import UNSET, UnsetType
 
 from controlplane.storage.paging import cursor_key
@@ -37,7 +36,8 @@ from shared.errors import InvalidInput
 
 T = TypeVar("T")
 
-NONCE, TAG, BLOCK = 16, 16, hashlib.sha256().digest_size
+VERSION = b"\x01"  # the first byte of every cursor: how the rest is sealed
+NONCE = 12  # bytes: AES-GCM's 96-bit nonce
 PAD = 128  # positions are padded with NUL (never in a key) to a multiple of this
 
 
@@ -69,44 +69,27 @@ def page(
     return found[:limit], seal(cursor_key(db), of, key(found[limit - 1]))
 
 
-def _keys(secret: bytes) -> tuple[bytes, bytes]:
-    """The encryption key and the MAC key, each derived from the cursor key."""
-    encryption = hmac.new(secret, b"bc cursor encryption", hashlib.sha256).digest()
-    return encryption, hmac.new(secret, b"bc cursor mac", hashlib.sha256).digest()
-
-
-def _xor(key: bytes, nonce: bytes, data: bytes) -> bytes:
-    blocks = range(-(-len(data) // BLOCK))
-    stream = b"".join(
-        hmac.new(key, nonce + n.to_bytes(4, "big"), hashlib.sha256).digest() for n in blocks
-    )
-    mixed = int.from_bytes(data, "big") ^ int.from_bytes(stream[: len(data)], "big")
-    return mixed.to_bytes(len(data), "big")
-
-
-def _tag(key: bytes, of: str, nonce: bytes, ciphertext: bytes) -> bytes:
-    signed = of.encode() + b"\0" + nonce + ciphertext
-    return hmac.new(key, signed, hashlib.sha256).digest()[:TAG]
-
-
 def seal(secret: bytes, of: str, key: str) -> str:
     """A row's key as the list ``of`` gives it as a cursor."""
-    encryption, mac = _keys(secret)
     nonce = os.urandom(NONCE)
     plain = key.encode()
-    ciphertext = _xor(encryption, nonce, plain + b"\0" * (-len(plain) % PAD))
-    sealed = nonce + ciphertext + _tag(mac, of, nonce, ciphertext)
-    return base64.urlsafe_b64encode(sealed).rstrip(b"=").decode()
+    padded = plain + b"\0" * (-len(plain) % PAD)
+    sealed = AESGCM(secret).encrypt(nonce, padded, VERSION + of.encode())
+    return base64.urlsafe_b64encode(VERSION + nonce + sealed).rstrip(b"=").decode()
 
 
 def unseal(secret: bytes, of: str, cursor: str) -> str:
     """The row key a cursor of the list ``of`` seals; anything else is INVALID_INPUT."""
+    refused = InvalidInput("the cursor is not one this list gave", field="cursor")
     try:
-        sealed = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
+        raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
     except binascii.Error:
-        sealed = b""  # refused below, as any other cursor this list did not give
-    encryption, mac = _keys(secret)
-    nonce, ciphertext, tag = sealed[:NONCE], sealed[NONCE:-TAG], sealed[-TAG:]
-    if not ciphertext or not hmac.compare_digest(tag, _tag(mac, of, nonce, ciphertext)):
-        raise InvalidInput("the cursor is not one this list gave", field="cursor")
-    return _xor(encryption, nonce, ciphertext).rstrip(b"\0").decode()
+        raise refused from None
+    version, nonce, sealed = raw[:1], raw[1 : 1 + NONCE], raw[1 + NONCE :]
+    if version != VERSION or len(nonce) != NONCE:
+        raise refused
+    try:
+        padded = AESGCM(secret).decrypt(nonce, sealed, version + of.encode())
+    except InvalidTag:
+        raise refused from None
+    return padded.rstrip(b"\0").decode()

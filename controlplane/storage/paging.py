@@ -1,12 +1,14 @@
 """SQL for keyset pages (B1): the secret that seals list cursors, and pages merged from
 several index ranges."""
 
+import os
 import secrets
-from collections.abc import Sequence
+import weakref
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from controlplane.storage.rows import rows
-from controlplane.storage.sql import Database
+from controlplane.storage.sql import Database, PostgresDatabase
 
 # SQLite's cap on the SELECTs of one compound statement (SQLITE_MAX_COMPOUND_SELECT's default).
 MAX_ARMS = 500
@@ -22,8 +24,38 @@ def make_cursor_key(db: Database) -> None:
 
 
 def cursor_key(db: Database) -> bytes:
-    """The secret list cursors are sealed with (services/paging.py): one primary-key read."""
-    return bytes(db.execute("SELECT key FROM cursor_key WHERE id = 1").fetchone()[0])
+    """The secret list cursors are sealed with (services/paging.py): read once per process
+    for each database (``identity``), then remembered for the connection too."""
+    known = _BY_CONNECTION.get(db)
+    if known is None:
+        where = identity(db)
+        known = _BY_DATABASE.get(where) if where is not None else None
+        if known is None:
+            known = bytes(db.execute("SELECT key FROM cursor_key WHERE id = 1").fetchone()[0])
+            if where is not None:
+                _BY_DATABASE[where] = known
+        _BY_CONNECTION[db] = known
+    return known
+
+
+def identity(db: Database) -> Hashable | None:
+    """Which database ``db`` is connected to: a PostgreSQL server's database, or a SQLite
+    file (its device and inode, whatever path reached it); None for a database without a
+    file (in memory), whose key is then read on each connection."""
+    if isinstance(db, PostgresDatabase):
+        info = db.conn.info
+        return ("postgresql", info.host, info.port, info.dbname)
+    file = next((row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main"), "")
+    if not file:
+        return None
+    found = os.stat(file)
+    return ("sqlite", found.st_dev, found.st_ino)
+
+
+# The cursor key of each database this process opened, and of each connection it has seen
+# (a connection asks no identity again); the key of a database never changes (B4).
+_BY_DATABASE: dict[Hashable, bytes] = {}
+_BY_CONNECTION: "weakref.WeakKeyDictionary[Database, bytes]" = weakref.WeakKeyDictionary()
 
 
 def merged(
