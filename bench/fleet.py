@@ -107,6 +107,7 @@ from controlplane.services.iam import bootstrap
 from controlplane.services.pools import UNLIMITED_GPUS
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import quotas as quota_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
 from controlplane.storage.sql import Database
@@ -211,7 +212,7 @@ def populate(db: Database, sizes: Sequence[int], total_events: int) -> Fleet:
             },
         )
         for resource, maximum in UNLIMITED_GPUS.items():
-            pool_sql.put_quota(db, pool_id, ROOT_TENANT, resource, maximum, at)
+            quota_sql.put_quota(db, pool_id, ROOT_TENANT, resource, maximum, at)
         pool = pool_sql.get_pool(db, pool_id)
         assert pool is not None
         pool_sql.put_authz(db, ROOT_TENANT, pool, REGION)
@@ -234,7 +235,7 @@ def populate(db: Database, sizes: Sequence[int], total_events: int) -> Fleet:
         for pool in pools[:size]:
             pool_sql.put_offer(db, pool.id, tenant, False, 0, at)
             pool_sql.put_authz(db, tenant, pool, REGION)
-            pool_sql.put_quota(db, pool.id, tenant, "gpu", OFFER_QUOTA, at)
+            quota_sql.put_quota(db, pool.id, tenant, "gpu", OFFER_QUOTA, at)
             event(
                 "pool.offered",
                 pool.id,

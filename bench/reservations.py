@@ -22,10 +22,12 @@ from pathlib import Path
 
 from reconciler import populate  # bench/reconciler.py: the same 100k-node builder
 
+from controlplane.api.dispatch import invoke
+from controlplane.api.routes import ALL_METHODS
 from controlplane.capacity.liveness import Liveness
 from controlplane.iam.decide import Principal
 from controlplane.reconciler import reconcile_pass
-from controlplane.services.reservations import create_reservation
+from controlplane.services.call import Env
 from controlplane.storage.db import Store, now
 from shared import schemas as s
 
@@ -46,9 +48,11 @@ async def measure(store: Store, creates: int) -> tuple[list[float], list[float],
     ask = s.ReservationsCreate(
         tenant_id="root", pool_id="pool_1", resources=s.ReservationResources(gpu=1, vcpu=8)
     )
+    create = next(m for m in ALL_METHODS if m.path.endswith("/reservations/create"))
+    env = Env(Liveness())
     for _ in range(creates):
         started = time.perf_counter()
-        answer = await create_reservation(store, ROOT, ask)
+        answer = await invoke(create, store, env, ROOT, ask)
         latencies.append(time.perf_counter() - started)
         placed += answer.state == "placed"
     return baseline, latencies, placed

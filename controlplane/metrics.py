@@ -18,15 +18,18 @@ from prometheus_client.core import (
 from prometheus_client.metrics_core import Metric
 
 from controlplane.capacity.admission import CONFIGURING, LOST, QUARANTINED, READY
+from controlplane.capacity.bookings import Placement
 from controlplane.storage import fleet
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import quotas as quota_sql
 from controlplane.storage.db import Store
 from controlplane.storage.reservations import LIVE
 from controlplane.storage.sql import Database
 
-# Counted where the domain decides (the placer, a node's report), with no app at hand: one per
-# process, as client libraries keep counters, and registered in every app's registry. The
-# placer counts in its transaction: a pass that fails whole (rare, logged) keeps its tries.
+# Counted where the domain decides (a node's report) or from what the placer returns (the
+# reconciler, reservations/create), with no app at hand: one per process, as client libraries
+# keep counters, and registered in every app's registry. A try is counted in its transaction:
+# a pass that fails whole (rare, logged) keeps its tries.
 PLACEMENTS = Counter(
     "bc_placements",
     "Placer tries by result: placed, pending (nothing fits yet), failed (PoolGone, Expired)",
@@ -34,7 +37,14 @@ PLACEMENTS = Counter(
     registry=None,
 )
 # Made at import, so each result's series is there (at 0) before its first try.
-PLACED, NOT_PLACED, PLACE_FAILED = (PLACEMENTS.labels(r) for r in ("placed", "pending", "failed"))
+PLACEMENT_COUNTS = {tried: PLACEMENTS.labels(tried.value) for tried in Placement}
+
+
+def count_placement(tried: Placement) -> None:
+    """Count one try of the placer by what it came to."""
+    PLACEMENT_COUNTS[tried].inc()
+
+
 UNIT_FAILURES = Counter(
     "bc_unit_failures",
     "Host configuration units an agent reported failed, once each time a unit turns failed",
@@ -71,7 +81,7 @@ def fleet_snapshot(db: Database) -> FleetSnapshot:
     capacity: list[tuple[str, str, str, int]] = []
     for pool_id, owner in pools:
         ledger = {row["resource"]: row for row in pool_sql.capacity_ledger(db, pool_id)}
-        offered = pool_sql.offered_maxima(db, pool_id, owner)
+        offered = quota_sql.offered_maxima(db, pool_id, owner)
         for resource in sorted(ledger.keys() | offered.keys()):
             row = ledger.get(resource, {})
             capacity += [(pool_id, resource, kind, row.get(kind, 0)) for kind in LEDGER_KINDS]

@@ -1,6 +1,7 @@
 """The reconciler: every --reconcile-interval, one pass over the fleet in one writer transaction:
 lost nodes, stale nodes' rows and atoms (each in its own savepoint, R5),
-then the placer's retries and placed → active. It sits on top of capacity/ and services/.
+then the placer's retries and placed → active. It sits on top of capacity/, and counts in
+metrics what the passes it runs return.
 
 Liveness: reports stamp memory only. Every replica writes its nodes' stamps to its
 liveness store (storage/liveness.py), off the writer, each about every third of the grace
@@ -19,12 +20,11 @@ from dataclasses import dataclass
 
 import structlog
 
-from controlplane.capacity.bookings import activate, retry_pending
+from controlplane.capacity.bookings import Placement, activate, retry_pending
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.nodes import Failed, isolated, reconcile_isolated
-from controlplane.metrics import Metrics
-from controlplane.services.node_ops import progress_drain
-from controlplane.storage import events
+from controlplane.capacity.states import node_event, progress_drain
+from controlplane.metrics import Metrics, count_placement
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
@@ -63,29 +63,19 @@ def mark_silent(
     cutoff = time.time() - lost_after
     seen, silent = [], []
     for node in node_sql.silent_nodes(db, timestamp(cutoff), candidates):
-        last = liveness.last_epoch(node["id"])
+        last = liveness.last_epoch(node.id)
         if last is not None and last >= cutoff:
-            seen.append(node["id"])
+            seen.append(node.id)
         elif may_mark_lost:
-            if last is not None:  # a stored stamp later than the row's
-                node["last_seen_at"] = max(node["last_seen_at"], timestamp(last))
-            silent.append(node)
+            # a stored stamp later than the row's is when it was last seen
+            at = node.last_seen_at if last is None else max(node.last_seen_at, timestamp(last))
+            silent.append((node, at))
     liveness.owe(seen)
-    node_sql.mark_lost(db, [node["id"] for node in silent], now())
+    node_sql.mark_lost(db, [node.id for node, _ in silent], now())
     # A lost node's bookings are marked, not silently freed: they run on if it comes back.
-    node_sql.mark_bookings_lost(db, [node["id"] for node in silent])
-    for node in silent:
-        events.append(
-            db,
-            "node.lost",
-            pool_id=node["pool_id"],
-            data={
-                "nodeId": node["id"],
-                "hostname": node["hostname"],
-                "lastSeenAt": node["last_seen_at"],
-            },
-            audience=[node["owner_tenant_id"]],
-        )
+    node_sql.mark_bookings_lost(db, [node.id for node, _ in silent])
+    for node, at in silent:
+        node_event(db, "lost", node, node.owner_tenant_id, lastSeenAt=at)
     return len(seen), len(silent)
 
 
@@ -103,24 +93,33 @@ def reconcile_pass(
     stats.stamps_written, stats.nodes_lost = mark_silent(
         db, liveness, lost_after, may_mark_lost, candidates
     )
-    for node in node_sql.stale_nodes(db):
-        written = reconcile_isolated(db, node)
-        if isinstance(written, Failed):
+    for row in node_sql.stale_nodes(db):
+        done = reconcile_isolated(db, row)
+        if isinstance(done, Failed):
             stats.failures += 1
         else:
-            stats.rows_written += written
+            stats.rows_written += done.writes
             stats.nodes_recomputed += 1
     # After the rows, so new capacity places first; each reservation in its own savepoint.
     at = now()
+    tries = [
+        isolated(db, "reservation", r.id, retry_pending, db, r, at) for r in res_sql.pending(db)
+    ]
+    for tried in tries:
+        if isinstance(tried, Placement):
+            count_placement(tried)
     moves = [
-        *(isolated(db, "reservation", r.id, retry_pending, db, r, at) for r in res_sql.pending(db)),
+        *(t if isinstance(t, Failed) else t is not Placement.NOT_PLACED for t in tries),
         *(
             isolated(db, "reservation", r.id, activate, db, r, liveness.last_epoch)
             for r in res_sql.placed(db)
         ),
     ]
     # H3: draining nodes, once the retries above could no longer land on them.
-    moves += [isolated(db, "node", n["id"], progress_drain, db, n) for n in node_sql.draining(db)]
+    moves += [
+        isolated(db, "node", r.node.id, progress_drain, db, r.node, r.pool.owner_tenant_id)
+        for r in node_sql.draining(db)
+    ]
     stats.reservations_moved += sum(1 for moved in moves if moved is True)
     stats.failures += sum(1 for moved in moves if isinstance(moved, Failed))
     return stats

@@ -457,7 +457,7 @@ class PostgresServer:
     # --- the reset alternative: one database reused, emptied between tests --------
 
     def reset_database(
-        self, url: str, keep: Sequence[str] = ("schema_version", "generation")
+        self, url: str, keep: Sequence[str] = ("schema_version", "generations")
     ) -> None:
         """Empty every table of the database at `url` but those in `keep`, in place.
 

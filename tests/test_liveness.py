@@ -33,7 +33,7 @@ async def test_b5_a_flush_of_many_stamps_never_takes_the_writer(db: Path | str) 
     holding, release = threading.Event(), threading.Event()
 
     def mutation(d: Database) -> None:
-        d.execute("UPDATE generation SET n = n + 1")
+        d.execute("UPDATE generations SET n = n + 1")
         holding.set()
         release.wait(10)
 

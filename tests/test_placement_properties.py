@@ -11,10 +11,13 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from controlplane.api.dispatch import invoke
+from controlplane.api.routes import ALL_METHODS
 from controlplane.capacity.liveness import Liveness
 from controlplane.iam.decide import Principal
 from controlplane.reconciler import reconcile_pass
-from controlplane.services import iam, joining, node_ops, pools, reports, reservations, sites
+from controlplane.services import iam, reports
+from controlplane.services.call import Caller, Env
 from controlplane.storage.db import Store
 from shared import schemas as s
 from shared.inventory import Inventory
@@ -23,7 +26,17 @@ from tests.nodes import DGX_POLICY, recorded
 from tests.test_reservations import invariants
 
 ROOT = Principal("cred", "root", None)
-ATTESTORS = frozenset({"join-token"})
+METHODS = {
+    method.path.rsplit("/", 2)[-2] + "/" + method.path.rsplit("/", 1)[-1]: method
+    for method in ALL_METHODS
+}
+
+
+async def call(store: Store, method: str, caller: Caller, body: Any) -> Any:
+    """A method in process, decided as a request is (``group/verb``, e.g. ``pools/create``)."""
+    return await invoke(METHODS[method], store, Env(Liveness()), caller, body)
+
+
 operations = st.lists(
     st.one_of(
         st.tuples(st.just("create"), st.integers(0, 5), st.integers(0, 300)),
@@ -60,10 +73,9 @@ class World:
 
 async def report(store: Store, host: Host, applied: bool) -> None:
     """The host's agent reports its inventory, and with ``applied`` its spec applied cleanly."""
-    body: dict[str, Any] = {"node_id": host.node["id"], "inventory": host.inventory}
+    body: dict[str, Any] = {"node_id": host.node.id, "inventory": host.inventory}
     if applied:
-        with store.snapshot() as db:
-            spec = reports.node_spec(db, host.node, s.NodesSpec(node_id=host.node["id"]))
+        spec = await call(store, "nodes/spec", host.node, s.NodesSpec(node_id=host.node.id))
         booked = set(spec.booked_gpus)  # as the agent does: a drain unit on a booked GPU waits
         units = [
             {
@@ -75,7 +87,7 @@ async def report(store: Store, host: Host, applied: bool) -> None:
             for u in spec.units
         ]
         body["applied"] = {"version": spec.version, "units": units}
-    await reports.report_node(store, Liveness(), host.node, s.NodesReport(**body))
+    await call(store, "nodes/report", host.node, s.NodesReport(**body))
     with store.snapshot() as db:
         host.node = reports.authenticate_node(db, host.token) or host.node
 
@@ -83,13 +95,16 @@ async def report(store: Store, host: Host, applied: bool) -> None:
 async def root_pool(store: Store, site_id: str, **fields: Any) -> s.PoolView:
     """A metal-host pool of root's on the site."""
     body = s.PoolsCreate(tenant_id="root", site_id=site_id, pool_class="metal-host", **fields)
-    return await pools.create_pool(store, ROOT, body, ATTESTORS)
+    return await call(store, "pools/create", ROOT, body)
 
 
 async def world(store: Store, tmp: Path) -> World:
     iam.bootstrap(store, tmp / "root.token")
-    site = await sites.create_site(
-        store, ROOT, s.SitesCreate(tenant_id="root", name="f", region="r", kind="shared")
+    site = await call(
+        store,
+        "sites/create",
+        ROOT,
+        s.SitesCreate(tenant_id="root", name="f", region="r", kind="shared"),
     )
     pool = await root_pool(
         store,
@@ -106,11 +121,14 @@ async def world(store: Store, tmp: Path) -> World:
         policy={"replicas": 4},
         owner_quota={"gpu.slot": 1000},
     )
-    token = await joining.create_join_token(
-        store, ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=pool.id, max_uses=5)
+    token = await call(
+        store,
+        "joinTokens/create",
+        ROOT,
+        s.JoinTokensCreate(tenant_id="root", pool_id=pool.id, max_uses=5),
     )
-    shared_token = await joining.create_join_token(
-        store, ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=shared.id)
+    shared_token = await call(
+        store, "joinTokens/create", ROOT, s.JoinTokensCreate(tenant_id="root", pool_id=shared.id)
     )
     made = World(pool.id, shared.id)
     for machine in ("a", "b"):  # two hosts: their own machine ids and GPU UUIDs
@@ -120,7 +138,7 @@ async def world(store: Store, tmp: Path) -> World:
         join = s.NodesJoin(
             join_token=token.token, attestor="join-token", hostname=f"h{machine}", inventory=host
         )
-        joined = await joining.join_node(store, join)
+        joined = await call(store, "nodes/join", None, join)
         with store.snapshot() as db:
             row = reports.authenticate_node(db, joined.token)
         assert row is not None
@@ -130,7 +148,7 @@ async def world(store: Store, tmp: Path) -> World:
     join = s.NodesJoin(
         join_token=shared_token.token, attestor="join-token", hostname="l40s", inventory=l40s
     )
-    joined = await joining.join_node(store, join)
+    joined = await call(store, "nodes/join", None, join)
     with store.snapshot() as db:
         row = reports.authenticate_node(db, joined.token)
     assert row is not None
@@ -181,40 +199,47 @@ async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
     for kind, a, b in ops:
         before = placed(store.path)
         host = w.hosts[a % len(w.hosts)]
-        node = {"tenant_id": "root", "node_id": host.node["id"]}
+        node = {"tenant_id": "root", "node_id": host.node.id}
         if kind == "create" and (a or b):
             asked = s.ReservationResources(
                 **({"gpu": a} if a else {}), **({"vcpu": b} if b else {})
             )
-            done = await reservations.create_reservation(
-                store, ROOT, s.ReservationsCreate(tenant_id="root", pool_id=w.pool, resources=asked)
+            done = await call(
+                store,
+                "reservations/create",
+                ROOT,
+                s.ReservationsCreate(tenant_id="root", pool_id=w.pool, resources=asked),
             )
             made.append(done.id)
         elif kind == "slots":
             asked = s.ReservationResources(gpu_slot=a)
-            done = await reservations.create_reservation(
+            done = await call(
                 store,
+                "reservations/create",
                 ROOT,
                 s.ReservationsCreate(tenant_id="root", pool_id=w.shared, resources=asked),
             )
             made.append(done.id)
         elif kind == "end" and made:
-            await reservations.end_reservation(
-                store, ROOT, s.ReservationsEnd(tenant_id="root", reservation_id=made[a % len(made)])
+            await call(
+                store,
+                "reservations/end",
+                ROOT,
+                s.ReservationsEnd(tenant_id="root", reservation_id=made[a % len(made)]),
             )
         elif kind == "pass":
             await store.write(lambda db: reconcile_pass(db, Liveness(), 3600, True))
         elif host.removed:
             pass
         elif kind == "cordon":
-            await node_ops.cordon(store, Liveness(), ROOT, s.NodesCordon(**node, reason="r"))
+            await call(store, "nodes/cordon", ROOT, s.NodesCordon(**node, reason="r"))
         elif kind == "uncordon":
-            await node_ops.uncordon(store, Liveness(), ROOT, s.NodesUncordon(**node))
+            await call(store, "nodes/uncordon", ROOT, s.NodesUncordon(**node))
         elif kind == "drain":
             ask = s.NodesDrain(**node, reason="r", deadline_seconds=b)
-            await node_ops.drain(store, Liveness(), ROOT, ask)
+            await call(store, "nodes/drain", ROOT, ask)
         elif kind == "remove":
-            await node_ops.remove(store, ROOT, s.NodesRemove(**node, force=True))
+            await call(store, "nodes/remove", ROOT, s.NodesRemove(**node, force=True))
             host.removed = True
         elif kind == "health":
             gpus = list(host.inventory.gpus)
@@ -224,19 +249,19 @@ async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
             host.inventory = msgspec.structs.replace(host.inventory, gpus=gpus)
             await report(store, host, applied=False)
         elif kind == "spec" and a % 2:
-            await pools.update_pool(  # a sharing change: drain-gated on the L40S
+            await call(  # a sharing change: drain-gated on the L40S
                 store,
+                "pools/update",
                 ROOT,
                 s.PoolsUpdate(tenant_id="root", pool_id=w.shared, policy={"replicas": 2 + 2 * a}),
-                ATTESTORS,
             )
         elif kind == "spec":
             policy = {**DGX_POLICY, "hostReserve": {"vcpu": 8 + a, "memoryGiB": 64}}
-            await pools.update_pool(
+            await call(
                 store,
+                "pools/update",
                 ROOT,
                 s.PoolsUpdate(tenant_id="root", pool_id=w.pool, policy=policy),
-                ATTESTORS,
             )
         elif kind == "apply":
             await report(store, host, applied=True)

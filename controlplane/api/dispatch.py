@@ -15,6 +15,7 @@ from controlplane.api.method import Method, Read, parse_body
 from controlplane.iam.decide import Principal
 from controlplane.runtime import Runtime
 from controlplane.services.access import authorize
+from controlplane.services.call import Call, Caller, Env
 from controlplane.services.iam import authenticate, still_live
 from controlplane.services.reports import authenticate_node
 from controlplane.storage.db import Store, generation
@@ -39,7 +40,7 @@ def identify(
     token: str | None,
     request: MutableMapping[Any, Any],
     runtime: Runtime,
-) -> Principal | dict[str, Any] | None:
+) -> Caller:
     """Who calls, by the method's kind of credential; UNAUTHENTICATED when unknown. Who it
     is goes in ``request`` (the request, or a worker's stand-in) for the log line."""
     if method.auth == "credential":
@@ -54,23 +55,35 @@ def identify(
         node = authenticate_node(db, token)
         if node is None:
             raise Unauthenticated("unknown node credential")
-        request[CALLER] = {"node": node["id"]}
+        request[CALLER] = {"node": node.id}
         return node
     return None
 
 
-def decide_in(db: Database, method: Method, token: str | None, caller: Any, body: Any) -> None:
-    """At the start of each of a mutation's transactions: the caller's credential is still
-    live (a revocation committed meanwhile refuses it) and the method's decision holds."""
-    if token is not None:
-        live = (
-            still_live(db, token)
-            if method.auth == "credential"
-            else (authenticate_node(db, token) or {}).get("id") == caller["id"]
-        )
-        if not live:
-            raise Unauthenticated("unknown, revoked or expired credential")
-    authorize(db, caller, method.access, body)
+def decide(db: Database, method: Method, call: Call[Any]) -> None:
+    """The method's decision on ``call``, in the snapshot or transaction ``db`` is: what it
+    found (the pool, reservation or node) goes in ``call.found`` for the service."""
+    call.found = authorize(db, call.caller, method.access, call.body)
+
+
+def gate(method: Method, token: str | None, call: Call[Any]) -> Callable[[Database], None]:
+    """What runs at the start of each of a mutation's transactions: the caller's credential
+    is still live (a revocation committed meanwhile refuses it), a node's row is read afresh
+    (the one its service then uses), and the method's decision holds."""
+
+    def check(db: Database) -> None:
+        if token is not None:
+            if method.auth == "credential":
+                if not still_live(db, token):
+                    raise Unauthenticated("unknown, revoked or expired credential")
+            else:
+                node = authenticate_node(db, token)
+                if node is None or call.caller is None or node.id != call.node.id:
+                    raise Unauthenticated("unknown, revoked or expired credential")
+                call.caller = node
+        decide(db, method, call)
+
+    return check
 
 
 async def on_reader(store: Store, fn: Callable[[Database], T]) -> T:
@@ -84,7 +97,7 @@ async def on_reader(store: Store, fn: Callable[[Database], T]) -> T:
 
 def run_read(
     method: Method,
-    call: Read,
+    read: Read,
     token: str | None,
     request: MutableMapping[Any, Any],
     runtime: Runtime,
@@ -94,17 +107,17 @@ def run_read(
     its encoding (on a reader thread too, for an offloaded one), and the generation it saw."""
 
     def run(db: Database) -> tuple[int, msgspec.Struct, bytes]:
-        caller = identify(method, db, token, request, runtime)
-        authorize(db, caller, method.access, body)
-        made_at = generation(db) if call.cached else 0
-        answer = call.fn(db, caller, body, runtime)
+        call = Call(identify(method, db, token, request, runtime), body, runtime.env)
+        decide(db, method, call)
+        made_at = generation(db, read.scopes) if read.cached else 0
+        answer = read.fn(db, call)
         return made_at, answer, encode_answer(answer)
 
     return run
 
 
 async def answer_read(
-    request: web.Request, runtime: Runtime, method: Method, call: Read, token: str | None
+    request: web.Request, runtime: Runtime, method: Method, read: Read, token: str | None
 ) -> bytes:
     """A read's encoded answer: from the cache while the generation stands; else read, on a
     reader thread when offloaded; a long-poll reads again after each commit until it has
@@ -112,10 +125,10 @@ async def answer_read(
     store = runtime.db
     body = await parse_body(request, method.request)
     key = None
-    if call.cached:
+    if read.cached:
         # The credential is live, then the state a cached answer must have been made at.
-        def check(db: Database) -> tuple[Any, int]:
-            return identify(method, db, token, request, runtime), generation(db)
+        def check(db: Database) -> tuple[Caller, int]:
+            return identify(method, db, token, request, runtime), generation(db, read.scopes)
 
         caller, now_at = await on_reader(store, check)
         assert isinstance(caller, Principal), "a cached read is a credential's"
@@ -123,7 +136,7 @@ async def answer_read(
         hit = runtime.answers.get(key, now_at)
         if hit is not None:
             return hit  # made at this generation, for this credential and body, after its decision
-        if call.offload and runtime.workers.ready:
+        if read.offload and runtime.workers.ready:
             from_worker = await read_in_worker(request, runtime, method, token)
             if from_worker is not None:
                 runtime.answers.put(key, *from_worker)
@@ -131,17 +144,18 @@ async def answer_read(
     loop = asyncio.get_running_loop()
     deadline = None
     waits_for = None  # whose events end a wait: one tenant's, or (None) any
-    if call.long_poll is not None and call.long_poll.seconds(body) > 0:
+    if read.long_poll is not None and read.long_poll.seconds(body) > 0:
         caller = await on_reader(store, lambda db: identify(method, db, token, request, runtime))
-        waits_for = call.long_poll.waits_for(body, caller)
+        assert isinstance(caller, Principal), "a long-poll is a credential's"
+        waits_for = read.long_poll.waits_for(body, caller)
     while True:
         # Before reading: a commit after this is news to this read.
         seen = runtime.commits.position(waits_for)
-        run = run_read(method, call, token, request, runtime, body)
-        if call.offload:
+        run = run_read(method, read, token, request, runtime, body)
+        if read.offload:
             started = time.perf_counter()
             made_at, answer, encoded = await store.read(run)
-            if call.cached:  # the reads workers take
+            if read.cached:  # the reads workers take
                 runtime.workers.saw(time.perf_counter() - started)
         elif store.postgres:
             made_at, answer, encoded = await store.read_short(run)
@@ -149,11 +163,11 @@ async def answer_read(
             # No await inside: the read transaction never spans a suspension.
             with store.snapshot() as db:
                 made_at, answer, encoded = run(db)
-        if call.long_poll is None:
+        if read.long_poll is None:
             break
         if deadline is None:
-            deadline = loop.time() + call.long_poll.seconds(body)
-        again = call.long_poll.resume(body, answer)
+            deadline = loop.time() + read.long_poll.seconds(body)
+        again = read.long_poll.resume(body, answer)
         left = deadline - loop.time()
         if again is None or left <= 0:
             break
@@ -193,13 +207,26 @@ def method_handler(method: Method) -> Handler:
         # On the reader, outside a transaction (each statement sees the latest commit): a
         # refusal costs no writer time, and a write that ends without a transaction (an
         # unchanged report) is decided too; decided again inside each transaction.
-        def decide(db: Database) -> Any:
-            who = identify(method, db, token, request, runtime)
-            authorize(db, who, method.access, body)
-            return who
+        def first(db: Database) -> Call[Any]:
+            call = Call(identify(method, db, token, request, runtime), body, runtime.env)
+            decide(db, method, call)
+            return call
 
-        caller = await on_reader(runtime.db, decide)
-        store = runtime.db.gated(lambda db: decide_in(db, method, token, caller, body))
-        return json_response(await method.call.fn(store, runtime, caller, body))
+        call = await on_reader(runtime.db, first)
+        store = runtime.db.gated(gate(method, token, call))
+        return json_response(await method.call.fn(store, call))
 
     return handle
+
+
+async def invoke(
+    method: Method, store: Store, env: Env, caller: Caller, body: Any
+) -> msgspec.Struct:
+    """A method called in process (benchmarks, property tests), decided as a request is: the
+    read in one snapshot after its decision, the write through the same gate."""
+    call = Call(caller, body, env)
+    if isinstance(method.call, Read):
+        with store.snapshot() as db:
+            decide(db, method, call)
+            return method.call.fn(db, call)
+    return await method.call.fn(store.gated(lambda db: decide(db, method, call)), call)

@@ -1,6 +1,6 @@
 """IAM methods: tenants and credentials."""
 
-from controlplane.api.method import Method, Write, read, write
+from controlplane.api.method import Method, Read, Write
 from controlplane.services import iam
 from controlplane.services.access import Access
 from shared import schemas as s
@@ -10,7 +10,7 @@ METHODS = (
         "/api/iam/tenants/create",
         s.TenantsCreate,
         s.TenantView,
-        write(iam.create_tenant),
+        Write(iam.create_tenant),
         "Create a tenant (root only).",
         Access("iam:tenants:create", "fleet"),
     ),
@@ -18,11 +18,7 @@ METHODS = (
         "/api/iam/tenants/delete",
         s.TenantsDelete,
         s.TenantDeleted,
-        Write(
-            lambda store, rt, principal, body: iam.delete_tenant(
-                store, principal, body, rt.credentials
-            )
-        ),
+        Write(iam.delete_tenant),
         "Delete a tenant: archive its pools, withdraw offers to it, revoke its credentials (T1).",
         Access("iam:tenants:delete", "fleet"),
     ),
@@ -30,7 +26,7 @@ METHODS = (
         "/api/iam/credentials/create",
         s.CredentialsCreate,
         s.CredentialCreated,
-        write(iam.create_credential),
+        Write(iam.create_credential),
         "Create a credential; its token is shown once and stored only as a hash.",
         Access("iam:credentials:create", "tenant"),
     ),
@@ -38,11 +34,7 @@ METHODS = (
         "/api/iam/credentials/revoke",
         s.CredentialsRevoke,
         s.CredentialRevoked,
-        Write(
-            lambda store, rt, principal, body: iam.revoke_credential(
-                store, principal, body, rt.credentials
-            )
-        ),
+        Write(iam.revoke_credential),
         "Revoke a credential.",
         Access("iam:credentials:revoke", "tenant"),
     ),
@@ -50,7 +42,7 @@ METHODS = (
         "/api/iam/credentials/whoami",
         s.CredentialsWhoami,
         s.CallerView,
-        read(iam.whoami),
+        Read(iam.whoami),
         "Who the calling credential is: its tenant and id, whether root's, whether admin.",
         Access("iam:credentials:read", "own-credential"),
     ),

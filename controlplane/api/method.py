@@ -7,16 +7,14 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from controlplane.iam.decide import Principal
-from controlplane.runtime import Runtime
 from controlplane.services.access import Access
-from controlplane.storage.db import Store
+from controlplane.iam.decide import Principal
+from controlplane.services.call import Call
+from controlplane.storage.db import EVERY_SCOPE, Scope, Store
 from controlplane.storage.sql import Database
 from shared.errors import InvalidInput
 from shared.validation import field_of
 
-# Who calls: a tenant credential's principal, a node (its row), or nobody (nodes/join).
-Caller = Any
 Auth = Literal["credential", "node", "none"]
 
 
@@ -31,7 +29,7 @@ class LongPoll:
     resume: Callable[[Any, Any], tuple[Any, bool] | None]
     # Whose events may end the wait, from the body and the caller: a tenant, or None (any
     # event: the fleet's view). A commit of events for others does not even cause a read.
-    waits_for: Callable[[Any, Any], str | None]
+    waits_for: Callable[[Any, Principal], str | None]
 
 
 @dataclass(frozen=True)
@@ -39,21 +37,24 @@ class Read:
     """A read, inside one read transaction that also authenticates the caller, so a pool and
     its quota rows come from one write. Short reads run on the event loop's reader; an
     ``offload`` one (a list, whose cost grows with the fleet) on a reader thread (B6). A
-    ``cached`` one's encoded answer is kept per credential and body while the store's
-    generation stands: it must depend on nothing but the database (not node liveness)."""
+    ``cached`` one's encoded answer is kept per credential and body while the generations
+    of its ``scopes`` (what it shows, F8) stand: it must depend on nothing but the database
+    (not node liveness)."""
 
-    fn: Callable[[Database, Caller, Any, Runtime], msgspec.Struct]
+    fn: Callable[[Database, Call[Any]], msgspec.Struct]
     offload: bool = False
     cached: bool = False
+    scopes: tuple[Scope, ...] = EVERY_SCOPE
     long_poll: LongPoll | None = None
 
 
 @dataclass(frozen=True)
 class Write:
-    """A mutation: its service runs one transaction on the store's writer thread; the store
-    it is given runs the method's IAM decision at the start of that transaction."""
+    """A mutation: its service runs its transactions on the store's writer thread; the store
+    it is given runs the method's IAM decision at the start of each (``call.found`` is what
+    that decision found, in that transaction)."""
 
-    fn: Callable[[Store, Runtime, Caller, Any], Awaitable[msgspec.Struct]]
+    fn: Callable[[Store, Call[Any]], Awaitable[msgspec.Struct]]
 
 
 @dataclass(frozen=True)
@@ -74,22 +75,6 @@ class Method:
     @property
     def operation_id(self) -> str:
         return self.path.removeprefix("/api/").replace("/", ".")
-
-
-def read(
-    fn: Callable[[Database, Principal, Any], msgspec.Struct],
-    *,
-    offload: bool = False,
-    cached: bool = False,
-    long_poll: LongPoll | None = None,
-) -> Read:
-    """A read service ``fn(db, principal, body)``."""
-    return Read(lambda db, principal, body, _: fn(db, principal, body), offload, cached, long_poll)
-
-
-def write(fn: Callable[[Store, Principal, Any], Awaitable[msgspec.Struct]]) -> Write:
-    """A mutation service ``fn(store, principal, body)``."""
-    return Write(lambda store, _, principal, body: fn(store, principal, body))
 
 
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:

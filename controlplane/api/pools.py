@@ -1,31 +1,17 @@
 """The seed's eight pools methods (003)."""
 
-from collections.abc import Awaitable, Callable
-from typing import Any
-
-import msgspec
-
-from controlplane.api.method import Method, Write, read, write
-from controlplane.iam.decide import Principal
+from controlplane.api.method import Method, Read, Write
 from controlplane.services import offers, pools
 from controlplane.services.access import Access
-from controlplane.storage.db import Store
+from controlplane.services.views import POOL_VIEW
 from shared import schemas as s
-
-
-def with_attestors(
-    fn: Callable[[Store, Principal, Any, frozenset[str]], Awaitable[msgspec.Struct]],
-) -> Write:
-    """A pool mutation that validates against the attestors the server registered (P8)."""
-    return Write(lambda store, rt, principal, body: fn(store, principal, body, rt.config.attestors))
-
 
 METHODS = (
     Method(
         "/api/compute/pools/list",
         s.PoolsList,
         s.PoolList,
-        read(pools.list_pools, offload=True, cached=True),
+        Read(pools.list_pools, offload=True, cached=True, scopes=POOL_VIEW),
         "Pools the tenant owns or is offered, each with owned, archived and its quota rows, by "
         "id; without limit every pool, with limit a page (B1: cursor; next is null at the end).",
         Access("compute:pools:read", "tenant", items=True),
@@ -34,7 +20,7 @@ METHODS = (
         "/api/compute/pools/get",
         s.PoolsGet,
         s.PoolView,
-        read(pools.get_pool, cached=True),
+        Read(pools.get_pool, cached=True, scopes=POOL_VIEW),
         "One pool as the tenant sees it.",
         Access("compute:pools:read", "pool"),
     ),
@@ -42,7 +28,7 @@ METHODS = (
         "/api/compute/pools/create",
         s.PoolsCreate,
         s.PoolView,
-        with_attestors(pools.create_pool),
+        Write(pools.create_pool),
         "Create a pool on a site the tenant owns; version 1, empty rollup.",
         Access("compute:pools:create", "tenant", keyed="pool"),
     ),
@@ -50,7 +36,7 @@ METHODS = (
         "/api/compute/pools/capacity",
         s.PoolsCapacity,
         s.CapacityList,
-        read(pools.pool_capacity),
+        Read(pools.pool_capacity),
         "One pool's rollup rows, one per resource.",
         Access("compute:capacity:read", "pool"),
     ),
@@ -58,7 +44,7 @@ METHODS = (
         "/api/compute/pools/offer",
         s.PoolsOffer,
         s.PoolView,
-        write(offers.offer_pool),
+        Write(offers.offer_pool),
         "Offer a pool to a tenant with a quota, or update the offer.",
         Access("compute:pools:share", "owned-pool"),
     ),
@@ -66,7 +52,7 @@ METHODS = (
         "/api/compute/pools/unoffer",
         s.PoolsUnoffer,
         s.Unoffered,
-        write(offers.unoffer_pool),
+        Write(offers.unoffer_pool),
         "Withdraw a pool's offer from a tenant.",
         Access("compute:pools:share", "owned-pool"),
     ),
@@ -74,7 +60,7 @@ METHODS = (
         "/api/compute/pools/update",
         s.PoolsUpdate,
         s.PoolView,
-        with_attestors(pools.update_pool),
+        Write(pools.update_pool),
         "Replace the policy, the GPU model, or both; version + 1.",
         Access("compute:pools:manage", "owned-pool"),
     ),
@@ -82,7 +68,7 @@ METHODS = (
         "/api/compute/pools/archive",
         s.PoolsArchive,
         s.PoolView,
-        write(pools.archive_pool),
+        Write(pools.archive_pool),
         "Retire a pool: remove every offer and stop new work.",
         Access("compute:pools:manage", "owned-pool"),
     ),

@@ -1,8 +1,9 @@
 """Quota, capacity and event methods."""
 
-from controlplane.api.method import LongPoll, Method, read, write
+from controlplane.api.method import LongPoll, Method, Read, Write
 from controlplane.services import events, offers, pools, quotas
 from controlplane.services.access import Access
+from controlplane.services.views import POOL_VIEW
 from shared import schemas as s
 
 METHODS = (
@@ -10,7 +11,7 @@ METHODS = (
         "/api/compute/quotas/set",
         s.QuotasSet,
         s.QuotaRows,
-        write(offers.set_quota),
+        Write(offers.set_quota),
         "Set a tenant's quota rows on a pool (owner acting).",
         Access("compute:quotas:manage", "owned-pool"),
     ),
@@ -18,7 +19,7 @@ METHODS = (
         "/api/compute/quotas/list",
         s.QuotasList,
         s.QuotaList,
-        read(quotas.list_quotas, offload=True, cached=True),
+        Read(quotas.list_quotas, offload=True, cached=True, scopes=POOL_VIEW),
         "The caller tenant's quota rows by pool and resource, a page at a time (B1: limit, "
         "default 100, and cursor; next is null at the end).",
         Access("compute:quotas:read", "tenant", items=True),
@@ -27,7 +28,7 @@ METHODS = (
         "/api/compute/capacity/byPool",
         s.CapacityByPool,
         s.CapacityList,
-        read(pools.pool_capacity),
+        Read(pools.pool_capacity),
         "A pool's capacity rollup; the same answer as pools/capacity.",
         Access("compute:capacity:read", "pool"),
     ),
@@ -35,7 +36,7 @@ METHODS = (
         "/api/compute/events/list",
         s.EventsList,
         s.EventList,
-        read(
+        Read(
             events.list_events,
             offload=True,
             long_poll=LongPoll(

@@ -1,6 +1,6 @@
 """Reservation and budget methods."""
 
-from controlplane.api.method import Method, read, write
+from controlplane.api.method import Method, Read, Write
 from controlplane.services import budgets, reservations
 from controlplane.services.access import Access
 from shared import schemas as s
@@ -10,7 +10,7 @@ METHODS = (
         "/api/compute/reservations/create",
         s.ReservationsCreate,
         s.ReservationView,
-        write(reservations.create_reservation),
+        Write(reservations.create_reservation),
         "Ask a pool for atoms and rows: admitted against quota (and budget), placed when it fits.",
         Access("compute:reservations:create", "pool", keyed="res"),
     ),
@@ -18,7 +18,7 @@ METHODS = (
         "/api/compute/reservations/get",
         s.ReservationsGet,
         s.ReservationView,
-        read(reservations.get_reservation),
+        Read(reservations.get_reservation),
         "One of the tenant's reservations.",
         Access("compute:reservations:read", "reservation"),
     ),
@@ -26,7 +26,9 @@ METHODS = (
         "/api/compute/reservations/list",
         s.ReservationsList,
         s.ReservationList,
-        read(reservations.list_reservations, offload=True, cached=True),
+        Read(
+            reservations.list_reservations, offload=True, cached=True, scopes=("catalog", "fleet")
+        ),
         "The tenant's reservations, of a pool and in some states, by id, a page at a time (B1: "
         "limit, default 100, and cursor; next is null at the end).",
         Access("compute:reservations:read", "tenant", items=True),
@@ -35,7 +37,7 @@ METHODS = (
         "/api/compute/reservations/end",
         s.ReservationsEnd,
         s.ReservationView,
-        write(reservations.end_reservation),
+        Write(reservations.end_reservation),
         "End a reservation: its bookings and quota go back.",
         Access("compute:reservations:manage", "reservation"),
     ),
@@ -43,7 +45,7 @@ METHODS = (
         "/api/compute/budgets/set",
         s.BudgetsSet,
         s.BudgetView,
-        write(budgets.set_budget),
+        Write(budgets.set_budget),
         "Set a tenant's GPU-hour budget on a meter such as gpu.h100.hours (root only).",
         Access("compute:budgets:set", "fleet"),
     ),
@@ -51,7 +53,7 @@ METHODS = (
         "/api/compute/budgets/get",
         s.BudgetsGet,
         s.BudgetView,
-        read(budgets.get_budget),
+        Read(budgets.get_budget),
         "A tenant's budget and what it has spent.",
         Access("compute:budgets:read", "tenant"),
     ),

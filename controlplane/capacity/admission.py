@@ -57,9 +57,9 @@ def same_host(stored: Inventory, joining: Inventory) -> bool:
     return stored.hostname == joining.hostname
 
 
-def check_family(pool: Mapping[str, Any], inventory: Inventory) -> None:
-    """N1: every GPU's family is the pool's gpuModel, compared exactly; INVALID_INPUT otherwise."""
-    model = pool["gpu_model"]
+def check_family(model: str | None, inventory: Inventory) -> None:
+    """N1: every GPU's family is the pool's gpuModel (``model``), compared exactly;
+    INVALID_INPUT otherwise."""
     members = [(i, gpu) for i, gpu in enumerate(inventory.gpus) if gpu.family is not None]
     if model is None:
         if members:
@@ -95,15 +95,16 @@ def acceptance_failure(policy: Mapping[str, Any], inventory: Inventory) -> str |
 
 
 def admission(
-    pool: Mapping[str, Any], policy: Mapping[str, Any], inventory: Inventory
+    gpu_model: str | None, policy: Mapping[str, Any], inventory: Inventory
 ) -> tuple[str, str | None]:
-    """The state a reporting host gets: ready, or quarantined with the reason.
+    """The state a reporting host gets in a pool of ``gpu_model``: ready, or quarantined with
+    the reason.
 
     A family other than the pool's (after a gpuModel change) quarantines rather
     than refuses, so the node stays known and shows why it offers nothing.
     """
     try:
-        check_family(pool, inventory)
+        check_family(gpu_model, inventory)
     except InvalidInput as exc:
         return QUARANTINED, exc.message
     failure = acceptance_failure(policy, inventory)

@@ -1,27 +1,44 @@
 """Bookings: the placer (first fit over ready, schedulable nodes, booking atoms and rows in the
-caller's transaction), and a live reservation's end (bookings, quota and GPU hours given
-back), with the reservation events both write."""
+caller's transaction), quota ``used`` following live reservations, and a live reservation's
+end (bookings, quota and GPU hours given back), with the reservation events they write.
 
+The placer returns what each try came to (``Placement``); the layer above counts it.
+"""
+
+import enum
 import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
+import structlog
 
 from controlplane.capacity.meters import gpu_equivalents, meter_of
-from controlplane.metrics import NOT_PLACED, PLACE_FAILED, PLACED
+from controlplane.storage import budgets as budget_sql
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import epoch, now
+from controlplane.storage.ledger_types import BookingRow
 from controlplane.storage.sql import Database
 from controlplane.storage.types import PoolRow, ReservationRow
+
+log = structlog.get_logger("controlplane.capacity")
 
 ATOMS = {"exclusive": "gpu", "mig": "gpu.mig", "timeslice": "gpu.slot", "mps": "gpu.slot"}
 
 
 PLACE_CANDIDATES = 32
+
+
+class Placement(enum.StrEnum):
+    """What one try of the placer came to, named as the placements metric labels it."""
+
+    PLACED = "placed"
+    NOT_PLACED = "pending"  # nothing fits yet: it waits for the next pass
+    FAILED = "failed"  # PoolGone or Expired
 
 
 def reservation_event(
@@ -41,9 +58,52 @@ def reservation_event(
     )
 
 
-def _give_back_quota(db: Database, row: ReservationRow, at: str) -> None:
+def count_used(db: Database, row: ReservationRow, sign: int, at: str) -> None:
+    """Quota ``used`` follows live reservations: admission adds the reservation's resources
+    (``sign`` 1), its end gives them back (-1); a row that does not exist stays absent.
+    ``used`` never goes below 0: a give-back past it is a bookkeeping bug, logged."""
     for resource, amount in row.resources.items():
-        res_sql.add_used(db, row.pool_id, row.tenant_id, resource, -amount, at)
+        quota = quota_sql.quota(db, row.pool_id, row.tenant_id, resource)
+        if quota is None:
+            continue
+        used = quota.used + sign * amount
+        if used < 0:
+            log.warning(
+                "quota used would go below zero",
+                reservation=row.id,
+                pool=row.pool_id,
+                tenant=row.tenant_id,
+                resource=resource,
+                used=quota.used,
+                released=amount,
+            )
+            used = 0
+        quota_sql.set_used(db, row.pool_id, row.tenant_id, resource, used, at)
+
+
+def _release(db: Database, row: ReservationRow) -> list[BookingRow]:
+    """Give back everything the reservation booked (atoms and node_resources rows); returns
+    its bookings. A row never goes below 0 booked: a release past it is a bookkeeping bug,
+    logged."""
+    booked = res_sql.bookings_of(db, row.id)
+    res_sql.free_atoms(db, row.id)
+    for booking in booked:
+        allocated = res_sql.row_allocated(db, booking.node_id, booking.resource)
+        if allocated is None:  # an atom booking: no node_resources row
+            continue
+        left = allocated - booking.amount
+        if left < 0:
+            log.warning(
+                "booked amount would go below zero",
+                reservation=row.id,
+                node=booking.node_id,
+                resource=booking.resource,
+                allocated=allocated,
+                released=booking.amount,
+            )
+            left = 0
+        res_sql.set_row_allocated(db, booking.node_id, booking.resource, left)
+    return booked
 
 
 def finish(
@@ -53,20 +113,19 @@ def finish(
     at = now()
     pool = pool_sql.get_pool(db, row.pool_id)
     assert pool is not None
-    booked = res_sql.release(db, row.id)
+    booked = _release(db, row)
     if pool.sharing != "exclusive":  # its GPUs may take their new layout or sharing now
-        node_sql.mark_stale(db, {b["node_id"] for b in booked if b["resource"] in ATOMS.values()})
+        node_sql.mark_stale(db, {b.node_id for b in booked if b.resource in ATOMS.values()})
     if row.state in res_sql.LIVE:
-        _give_back_quota(db, row, at)
+        count_used(db, row, -1, at)
     meter = meter_of(pool.gpu_model)
     if row.placed_at and meter:
         share = sum(
-            gpu_equivalents(b["resource"], b["amount"], row.mig_profile, pool.replicas)
-            for b in booked
+            gpu_equivalents(b.resource, b.amount, row.mig_profile, pool.replicas) for b in booked
         )
         hours = share * max(0.0, time.time() - epoch(row.placed_at)) / 3600
         if hours:
-            res_sql.add_spent(db, row.tenant_id, meter, hours, at)
+            budget_sql.add_spent(db, row.tenant_id, meter, hours, at)
     fields = {"state": state, "reason": reason, "updated_at": at, "ended_at": at}
     res_sql.update(db, row.id, fields)
     done = msgspec.structs.replace(row, **fields)
@@ -81,8 +140,8 @@ def finish(
     return done
 
 
-def place(db: Database, row: ReservationRow, pool: PoolRow) -> bool:
-    """Book the reservation on the first ready host node it fits (atoms and rows); False if none."""
+def place(db: Database, row: ReservationRow, pool: PoolRow) -> Placement:
+    """Book the reservation on the first ready host node it fits (atoms and rows)."""
     resources = row.resources
     atom = ATOMS[pool.sharing]
     wanted_atoms = resources.get(atom, 0)
@@ -96,12 +155,10 @@ def place(db: Database, row: ReservationRow, pool: PoolRow) -> bool:
         else:
             candidates = res_sql.ready_nodes(db, pool.id, PLACE_CANDIDATES, after)
         if not candidates:
-            NOT_PLACED.inc()
-            return False
+            return Placement.NOT_PLACED
         for node_id in candidates:
             if _book_on(db, row, pool, node_id, atom, wanted_atoms, rows_asked):
-                PLACED.inc()
-                return True
+                return Placement.PLACED
         after = candidates[-1]
 
 
@@ -151,7 +208,7 @@ def activate(db: Database, row: ReservationRow, seen_since: Callable[[str], floa
     seen = seen_since(row.node_id)
     if seen is None:  # reported to another replica (B4): its stored stamp says
         stored = node_sql.get_node(db, row.node_id)
-        seen = epoch(stored["last_seen_at"]) if stored and stored["last_seen_at"] else None
+        seen = epoch(stored.last_seen_at) if stored and stored.last_seen_at else None
     if seen is None or seen < epoch(row.placed_at):
         return False
     fields = {"state": "active", "updated_at": now()}
@@ -168,19 +225,17 @@ def activate(db: Database, row: ReservationRow, seen_since: Callable[[str], floa
     return True
 
 
-def retry_pending(db: Database, row: ReservationRow, at: str) -> bool:
+def retry_pending(db: Database, row: ReservationRow, at: str) -> Placement:
     """The placer's pass over one pending reservation: PoolGone, Expired, or another try to
-    place it; True if it moved."""
+    place it; it moved unless NOT_PLACED."""
     pool = pool_sql.get_pool(db, row.pool_id)
     assert pool is not None
     offered = pool_sql.authz_row_exists(db, row.tenant_id, pool.id)
     if pool.archived_at is not None or not offered or row.reason == "PoolGone":
         message = "the pool is archived" if pool.archived_at else "the pool is no longer offered"
         finish(db, row, "failed", "PoolGone", message)
-        PLACE_FAILED.inc()
-        return True
+        return Placement.FAILED
     if row.expires_at and row.expires_at <= at:
         finish(db, row, "failed", "Expired", "not placed within the pool's maxPending")
-        PLACE_FAILED.inc()
-        return True
+        return Placement.FAILED
     return place(db, row, pool)

@@ -7,10 +7,12 @@ from typing import Any, Literal
 from msgspec import UNSET, UnsetType
 
 from controlplane.iam.decide import Principal, decide
+from controlplane.services.call import Caller, Found
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
+from controlplane.storage.node_types import NodeRow
 from controlplane.storage.sql import Database
 from controlplane.storage.types import ReservationRow, VisiblePool
 from shared.errors import Conflict, NotFound, PermissionDenied
@@ -154,27 +156,30 @@ class Access:
         return text + (" + items" if self.items else "")
 
 
-def authorize(db: Database, caller: Any, access: Access, body: Any) -> None:
-    """The method's decision, in the transaction or snapshot its service runs in.
+def authorize(db: Database, caller: Caller, access: Access, body: Any) -> Found:
+    """The method's decision, in the transaction or snapshot its service runs in; what it
+    found on the way (the pool, the reservation, the node) is returned for the service.
 
     PERMISSION_DENIED when the credential may not act at that level at all; NOT_FOUND for
     anything inside a tenant the caller may not see (DESIGN §3).
     """
     action = access.action
     if access.on == "attestor":
-        return
+        return None
     if access.on == "own-node":
-        if caller["id"] != body.node_id:
+        assert isinstance(caller, NodeRow)
+        if caller.id != body.node_id:
             raise NotFound("node not found", field="nodeId")
-        return
-    principal: Principal = caller
+        return caller
+    assert isinstance(caller, Principal)
+    principal = caller
     if access.on == "own-credential":
         require_on_tenant(principal, action)
-        return
+        return None
     if access.on == "fleet":
         if not principal.is_root or not decide(principal, action, "compute-fleet"):
             raise PermissionDenied(f"{action} is for the root tenant's credentials", action=action)
-        return
+        return None
     act_for(db, principal, body.tenant_id, action)
     if access.keyed is not None and body.idempotency_key is not UNSET:
         keyed_id = derived_id(
@@ -186,33 +191,36 @@ def authorize(db: Database, caller: Any, access: Access, body: Any) -> None:
                 # A retry may see the pool only as a read would: never reveal it otherwise.
                 if not decide(principal, "compute:pools:read", "compute-pool", authz_attrs(stored)):
                     raise NotFound("pool not found", field="idempotencyKey")
-                return
+                return stored
         else:
             reservation = res_sql.get(db, keyed_id)
             if reservation is not None:
                 _reservation_pool(db, principal, reservation, "compute:reservations:read")
-                return
-    if access.on == "tenant":
+                return reservation
+    if access.on == "tenant" or (access.on == "owned-pools" and body.pool_id is UNSET):
         require_on_tenant(principal, action)
-    elif access.on == "pool":
-        visible_pool(db, principal, body.tenant_id, body.pool_id, action)
-    elif access.on == "owned-pool" or (access.on == "owned-pools" and body.pool_id is not UNSET):
-        owned_pool(db, principal, body.tenant_id, body.pool_id, action)
-    elif access.on == "owned-pools":
-        require_on_tenant(principal, action)
-    elif access.on == "reservation":
+        return None
+    if access.on == "pool":
+        return visible_pool(db, principal, body.tenant_id, body.pool_id, action)
+    if access.on == "owned-pool" or access.on == "owned-pools":
+        # R3: a version the caller last read is checked here, in the mutation's transaction.
+        version = getattr(body, "version", UNSET)
+        return owned_pool(db, principal, body.tenant_id, body.pool_id, action, version)
+    if access.on == "reservation":
         reservation = res_sql.get(db, body.reservation_id)
         if reservation is None or reservation.tenant_id != body.tenant_id:
             raise NotFound("reservation not found", field="reservationId")
         _reservation_pool(db, principal, reservation, action)
-    elif access.on == "node":
-        node = node_sql.get_node(db, body.node_id)  # a removed one too: remove is idempotent
-        if node is None:
-            raise NotFound("node not found", field="nodeId")
-        try:
-            owned_pool(db, principal, body.tenant_id, node["pool_id"], action)
-        except NotFound:
-            raise NotFound("node not found", field="nodeId") from None
+        return reservation
+    assert access.on == "node"
+    node = node_sql.get_node(db, body.node_id)  # a removed one too: remove is idempotent
+    if node is None:
+        raise NotFound("node not found", field="nodeId")
+    try:
+        owned_pool(db, principal, body.tenant_id, node.pool_id, action)
+    except NotFound:
+        raise NotFound("node not found", field="nodeId") from None
+    return node
 
 
 def require_on_tenant(principal: Principal, action: str) -> None:

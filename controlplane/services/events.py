@@ -5,6 +5,7 @@ from msgspec import UNSET
 
 from controlplane.iam.decide import Principal
 from controlplane.services.access import readable_pools
+from controlplane.services.call import Call
 from controlplane.storage import events
 from controlplane.storage.sql import Database
 from shared.errors import InvalidInput
@@ -27,9 +28,10 @@ def whose_events(req: EventsList, principal: Principal) -> str | None:
     return None if principal.is_root and req.tenant_id == principal.tenant_id else req.tenant_id
 
 
-def list_events(db: Database, principal: Principal, req: EventsList) -> EventList:
+def list_events(db: Database, call: Call[EventsList]) -> EventList:
     """The events after the position in seq order, at most ``limit``; ``next`` is the position
     after the last event read, never null (the log has no end): after=next continues."""
+    principal, req = call.principal, call.body
     fleet = whose_events(req, principal) is None
     after = position(req)
     rows = events.list_events(
@@ -40,22 +42,17 @@ def list_events(db: Database, principal: Principal, req: EventsList) -> EventLis
         types=None if req.types is UNSET else req.types,
     )
     # R1: events of a pool only where the credential may read that pool's events.
-    pools = {row["pool_id"] for row in rows if row["pool_id"] is not None}
+    pools = {row.pool_id for row in rows if row.pool_id is not None}
     allowed = readable_pools(db, principal, req.tenant_id, pools, "compute:events:read")
     items = [
         EventView(
-            seq=row["seq"],
-            id=row["id"],
-            type=row["type"],
-            at=row["at"],
-            pool_id=row["pool_id"],
-            data=msgspec.json.decode(row["data"]),
+            seq=row.seq, id=row.id, type=row.type, at=row.at, pool_id=row.pool_id, data=row.data
         )
         for row in rows
-        if row["pool_id"] is None or row["pool_id"] in allowed
+        if row.pool_id is None or row.pool_id in allowed
     ]
     # The cursor moves past what was read, shown or not, so paging never stalls.
-    return EventList(items=items, next=rows[-1]["seq"] if rows else after)
+    return EventList(items=items, next=rows[-1].seq if rows else after)
 
 
 def resume_after(req: EventsList, answer: EventList) -> tuple[EventsList, bool] | None:

@@ -8,6 +8,7 @@ from msgspec import UNSET
 from controlplane.iam.cache import CredentialCache
 from controlplane.iam.decide import ROOT_TENANT, Principal
 from controlplane.iam.tokens import new_token, token_hash
+from controlplane.services.call import Call
 from controlplane.services.offers import withdraw_offer
 from controlplane.services.pools import archive_in_txn
 from controlplane.services.reservations import end_all_of_tenant
@@ -73,11 +74,10 @@ def authenticate(db: Database, token: str, cache: CredentialCache) -> Principal 
     found = iam_sql.credential_by_hash(db, hashed)
     if found is None:
         return None
-    credential_id, tenant_id, statements = found
     principal = Principal(
-        credential_id=credential_id,
-        tenant_id=tenant_id,
-        statements=None if statements is None else msgspec.json.decode(statements),
+        credential_id=found.id,
+        tenant_id=found.tenant_id,
+        statements=None if found.statements is None else msgspec.json.decode(found.statements),
     )
     cache.put(hashed, principal, epoch)
     return principal
@@ -89,7 +89,8 @@ def still_live(db: Database, token: str) -> bool:
     return iam_sql.credential_by_hash(db, token_hash(token)) is not None
 
 
-async def create_tenant(store: Store, principal: Principal, req: TenantsCreate) -> TenantView:
+async def create_tenant(store: Store, call: Call[TenantsCreate]) -> TenantView:
+    req = call.body
     parent = None if req.parent_tenant_id is UNSET else req.parent_tenant_id
     name = None if req.name is UNSET else req.name
 
@@ -114,10 +115,10 @@ async def create_tenant(store: Store, principal: Principal, req: TenantsCreate) 
     return await store.write(txn)
 
 
-async def delete_tenant(
-    store: Store, principal: Principal, req: TenantsDelete, cache: CredentialCache
-) -> TenantDeleted:
+async def delete_tenant(store: Store, call: Call[TenantsDelete]) -> TenantDeleted:
     """T1: archive its pools, withdraw offers made to it, revoke its credentials."""
+    req = call.body
+    cache = call.env.credentials
     if req.tenant_id == ROOT_TENANT:
         raise InvalidInput("the root tenant cannot be deleted", field="tenantId")
 
@@ -136,10 +137,10 @@ async def delete_tenant(
                 archived.append(pool.id)
         withdrawn = []
         for offer in pool_sql.offers_to(db, req.tenant_id):
-            offered = pool_sql.get_pool(db, offer["pool_id"])
+            offered = pool_sql.get_pool(db, offer.pool_id)
             assert offered is not None
             withdraw_offer(db, offered, req.tenant_id)
-            withdrawn.append(offer["pool_id"])
+            withdrawn.append(offer.pool_id)
         end_all_of_tenant(db, req.tenant_id)
         at = now()
         revoked = iam_sql.revoke_all(db, req.tenant_id, at)
@@ -173,9 +174,8 @@ def _require_admin(principal: Principal) -> None:
         raise PermissionDenied("only an admin credential (no statements) manages credentials")
 
 
-async def create_credential(
-    store: Store, principal: Principal, req: CredentialsCreate
-) -> CredentialCreated:
+async def create_credential(store: Store, call: Call[CredentialsCreate]) -> CredentialCreated:
+    principal, req = call.principal, call.body
     _require_admin(principal)
     statements = None if req.statements is UNSET else msgspec.json.encode(req.statements).decode()
     token = new_token()
@@ -198,8 +198,9 @@ async def create_credential(
     return await store.write(txn)
 
 
-def whoami(db: Database, principal: Principal, req: CredentialsWhoami) -> CallerView:
+def whoami(db: Database, call: Call[CredentialsWhoami]) -> CallerView:
     """Who the calling credential is: its tenant and id, root's or not, admin or not (M4)."""
+    principal = call.principal
     return CallerView(
         tenant_id=principal.tenant_id,
         credential_id=principal.credential_id,
@@ -208,9 +209,9 @@ def whoami(db: Database, principal: Principal, req: CredentialsWhoami) -> Caller
     )
 
 
-async def revoke_credential(
-    store: Store, principal: Principal, req: CredentialsRevoke, cache: CredentialCache
-) -> CredentialRevoked:
+async def revoke_credential(store: Store, call: Call[CredentialsRevoke]) -> CredentialRevoked:
+    principal, req = call.principal, call.body
+    cache = call.env.credentials
     _require_admin(principal)
 
     def txn(db: Database) -> CredentialRevoked:

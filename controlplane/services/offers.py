@@ -1,12 +1,12 @@
 """Offers and quotas: pools.offer, pools.unoffer, quotas.set (O1–O6, E1)."""
 
-from controlplane.iam.decide import Principal
-from controlplane.services.access import owned_pool
+from controlplane.services.call import Call
 from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
@@ -44,7 +44,7 @@ def _check_offer_rules(db: Database, pool: PoolRow, req: PoolsOffer) -> None:
                 field="includeDescendants",
             )
         others = [
-            o for o in pool_sql.offers_of(db, req.pool_id) if o["to_tenant_id"] != req.to_tenant_id
+            o for o in pool_sql.offers_of(db, req.pool_id) if o.to_tenant_id != req.to_tenant_id
         ]
         if others:
             raise InvalidState(
@@ -52,11 +52,11 @@ def _check_offer_rules(db: Database, pool: PoolRow, req: PoolsOffer) -> None:
             )
 
 
-async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> PoolView:
+async def offer_pool(store: Store, call: Call[PoolsOffer]) -> PoolView:
+    req = call.body
+
     def txn(db: Database) -> PoolView:
-        pool = owned_pool(
-            db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
-        )
+        pool = call.pool  # owned, at the version asked (R3), decided in this transaction
         if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
         at = now()
@@ -68,12 +68,12 @@ async def offer_pool(store: Store, principal: Principal, req: PoolsOffer) -> Poo
             site = site_sql.get_site(db, pool.site_id)
             assert site is not None
             pool_sql.put_offer(db, pool.id, target, req.include_descendants, req.priority, at)
-            pool_sql.put_authz(db, target, pool, site["region"])  # O5
+            pool_sql.put_authz(db, target, pool, site.region)  # O5
         grant(db, pool.id, target, dict(req.quota), at)  # O2
         stored = {
-            row["resource"]: row["max"]
-            for row in pool_sql.quota_rows(db, target, [pool.id])
-            if row["resource"] in req.quota
+            row.resource: row.max
+            for row in quota_sql.quota_rows(db, target, [pool.id])
+            if row.resource in req.quota
         }
         events.append(
             db,
@@ -110,11 +110,11 @@ def withdraw_offer(db: Database, pool: PoolRow, tenant: str) -> bool:
     return True
 
 
-async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) -> Unoffered:
+async def unoffer_pool(store: Store, call: Call[PoolsUnoffer]) -> Unoffered:
+    req = call.body
+
     def txn(db: Database) -> Unoffered:
-        pool = owned_pool(
-            db, principal, req.tenant_id, req.pool_id, "compute:pools:share", req.version
-        )
+        pool = call.pool  # owned, at the version asked (R3), decided in this transaction
         if req.to_tenant_id == pool.owner_tenant_id:
             raise InvalidInput("a pool cannot be unoffered from its owner", field="toTenantId")
         return Unoffered(removed=withdraw_offer(db, pool, req.to_tenant_id))
@@ -122,17 +122,16 @@ async def unoffer_pool(store: Store, principal: Principal, req: PoolsUnoffer) ->
     return await store.write(txn)
 
 
-async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> QuotaRows:
+async def set_quota(store: Store, call: Call[QuotasSet]) -> QuotaRows:
     """The owner sets a tenant's quota rows; quota.updated when a row changes (E1)."""
+    req = call.body
 
     def txn(db: Database) -> QuotaRows:
-        pool = owned_pool(
-            db, principal, req.tenant_id, req.pool_id, "compute:quotas:manage", req.version
-        )
+        pool = call.pool  # owned, at the version asked (R3), decided in this transaction
         if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
         target = req.for_tenant_id
-        offered = {o["to_tenant_id"] for o in pool_sql.offers_of(db, pool.id)}
+        offered = {o.to_tenant_id for o in pool_sql.offers_of(db, pool.id)}
         if target != pool.owner_tenant_id and target not in offered:
             raise InvalidState("the pool is not offered to that tenant", field="forTenantId")
         at = now()
@@ -145,7 +144,7 @@ async def set_quota(store: Store, principal: Principal, req: QuotasSet) -> Quota
                 data={"forTenantId": target, "quota": changed},
                 audience=[pool.owner_tenant_id, target],
             )
-        rows = pool_sql.quota_rows(db, target, [pool.id])
+        rows = quota_sql.quota_rows(db, target, [pool.id])
         return QuotaRows(items=[quota_row(r) for r in rows])
 
     return await store.write(txn)

@@ -9,16 +9,19 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from controlplane.iam.decide import Principal, decide
+from controlplane.iam.decide import decide
 from controlplane.services.access import authz_attrs, owned_pool, visible_pool
+from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
 from controlplane.services.quotas import drop_to_in_use, grant
 from controlplane.services.views import offers_by_pool, pool_view
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.ledger_types import QuotaRow
 from controlplane.storage.sql import Database
 from controlplane.storage.types import PoolRow
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound
@@ -100,9 +103,9 @@ def _creation_fields(req: PoolsCreate) -> dict[str, Any]:
     }
 
 
-async def create_pool(
-    store: Store, principal: Principal, req: PoolsCreate, attestors: frozenset[str]
-) -> PoolView:
+async def create_pool(store: Store, call: Call[PoolsCreate]) -> PoolView:
+    principal, req = call.principal, call.body
+    attestors = call.env.attestors
     fields = _creation_fields(req)
     policy = {} if req.policy is UNSET else req.policy
     owner_quota = UNLIMITED_GPUS if req.owner_quota is UNSET else req.owner_quota
@@ -126,14 +129,14 @@ async def create_pool(
                         )
                 return pool_view(db, stored, req.tenant_id)
         site = site_sql.get_site(db, req.site_id)
-        if site is None or site["owner_tenant_id"] != req.tenant_id:
+        if site is None or site.owner_tenant_id != req.tenant_id:
             raise NotFound("site not found", field="siteId")
         check_policy(
             policy,
             pool_class=fields["class"],
             sharing=fields["sharing"],
             gpu_model=gpu_model,
-            site_kind=site["kind"],
+            site_kind=site.kind,
             attestors=attestors,
         )
         at = now()
@@ -149,7 +152,7 @@ async def create_pool(
         grant(db, pool_id, req.tenant_id, dict(owner_quota), at)
         pool = pool_sql.get_pool(db, pool_id)
         assert pool is not None
-        pool_sql.put_authz(db, req.tenant_id, pool, site["region"])
+        pool_sql.put_authz(db, req.tenant_id, pool, site.region)
         events.append(
             db,
             "pool.created",
@@ -170,15 +173,17 @@ async def create_pool(
     return _with_warnings(await store.write(txn))
 
 
-def get_pool(db: Database, principal: Principal, req: PoolsGet) -> PoolView:
+def get_pool(db: Database, call: Call[PoolsGet]) -> PoolView:
+    principal, req = call.principal, call.body
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:read")
     return pool_view(db, pool, req.tenant_id)
 
 
-def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
+def list_pools(db: Database, call: Call[PoolsList]) -> PoolList:
     """L1, B1: owned or offered pools in id order, each decided as compute:pools:read on the
     pool; without limit every pool, else a page whose cursor moves past the pools left out.
     A page costs the same few reads whatever its size: its quota rows, the owner's offers."""
+    principal, req = call.principal, call.body
     limit = None if req.limit is UNSET else req.limit
     found, cursor = page(
         db,
@@ -197,9 +202,9 @@ def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
         for pool in found
         if decide(principal, "compute:pools:read", "compute-pool", authz_attrs(pool))
     ]
-    quotas: dict[str, list[dict[str, Any]]] = {pool.id: [] for pool in pools}
-    for row in pool_sql.quota_rows(db, req.tenant_id, quotas):
-        quotas[row["pool_id"]].append(row)
+    quotas: dict[str, list[QuotaRow]] = {pool.id: [] for pool in pools}
+    for row in quota_sql.quota_rows(db, req.tenant_id, quotas):
+        quotas[row.pool_id].append(row)
     offers = offers_by_pool(db, [p.id for p in pools if p.owner_tenant_id == req.tenant_id])
     return PoolList(
         items=[pool_view(db, p, req.tenant_id, quotas[p.id], offers.get(p.id)) for p in pools],
@@ -207,12 +212,13 @@ def list_pools(db: Database, principal: Principal, req: PoolsList) -> PoolList:
     )
 
 
-def pool_capacity(db: Database, principal: Principal, req: PoolsCapacity) -> CapacityList:
+def pool_capacity(db: Database, call: Call[PoolsCapacity]) -> CapacityList:
     """L3, H6: one ledger row per resource, the same answer as capacity/byPool; `offered`
     (what the owner sold) only for the owner."""
+    principal, req = call.principal, call.body
     pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
     offered = (
-        pool_sql.offered_maxima(db, pool.id, pool.owner_tenant_id) if pool.authz.owned else None
+        quota_sql.offered_maxima(db, pool.id, pool.owner_tenant_id) if pool.authz.owned else None
     )
     ledger = {row["resource"]: row for row in pool_sql.capacity_ledger(db, pool.id)}
     # What was sold with no capacity behind it at all is the gap the ledger is there to show.
@@ -237,16 +243,16 @@ def pool_capacity(db: Database, principal: Principal, req: PoolsCapacity) -> Cap
 def _refresh_authz(db: Database, pool: PoolRow, region: str) -> list[str]:
     """Rewrite the authz rows of the owner and every offered tenant; returns those tenants."""
     tenants = [pool.owner_tenant_id] + [
-        offer["to_tenant_id"] for offer in pool_sql.offers_of(db, pool.id)
+        offer.to_tenant_id for offer in pool_sql.offers_of(db, pool.id)
     ]
     for tenant in tenants:
         pool_sql.put_authz(db, tenant, pool, region)
     return tenants
 
 
-async def update_pool(
-    store: Store, principal: Principal, req: PoolsUpdate, attestors: frozenset[str]
-) -> PoolView:
+async def update_pool(store: Store, call: Call[PoolsUpdate]) -> PoolView:
+    principal, req = call.principal, call.body
+    attestors = call.env.attestors
     if req.policy is UNSET and req.gpu_model is UNSET:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
 
@@ -265,12 +271,12 @@ async def update_pool(
             pool_class=pool.pool_class,
             sharing=pool.sharing,
             gpu_model=gpu_model,
-            site_kind=site["kind"],
+            site_kind=site.kind,
             attestors=attestors,
         )
         if model.singleTenant is True and not pool.single_tenant:
             offers = pool_sql.offers_of(db, pool.id)
-            if len(offers) > 1 or any(o["include_descendants"] for o in offers):
+            if len(offers) > 1 or any(o.include_descendants for o in offers):
                 raise InvalidState(
                     "singleTenant needs at most one offered tenant and no includeDescendants",
                     field="policy.singleTenant",
@@ -279,7 +285,7 @@ async def update_pool(
         pool_sql.update_pool(db, pool.id, gpu_model, msgspec.json.encode(policy).decode(), at)
         updated = pool_sql.get_pool(db, pool.id)
         assert updated is not None
-        audience = _refresh_authz(db, updated, site["region"])
+        audience = _refresh_authz(db, updated, site.region)
         changed = [
             name
             for name, given in (("policy", req.policy), ("gpuModel", req.gpu_model))
@@ -305,12 +311,12 @@ def archive_in_txn(db: Database, pool: PoolRow, *, reason: str | None = None) ->
     at = now()
     unoffered = []
     for offer in pool_sql.offers_of(db, pool.id):
-        tenant = offer["to_tenant_id"]
+        tenant = offer.to_tenant_id
         pool_sql.delete_offer(db, pool.id, tenant)
         if reason is None:
             drop_to_in_use(db, pool.id, tenant, at)
         else:
-            pool_sql.zero_quotas(db, pool.id, tenant, at)
+            quota_sql.zero_quotas(db, pool.id, tenant, at)
         pool_sql.delete_authz(db, tenant, pool.id)
         unoffered.append(tenant)
     pool_sql.archive_pool(db, pool.id, at)
@@ -328,7 +334,9 @@ def archive_in_txn(db: Database, pool: PoolRow, *, reason: str | None = None) ->
     return unoffered
 
 
-async def archive_pool(store: Store, principal: Principal, req: PoolsArchive) -> PoolView:
+async def archive_pool(store: Store, call: Call[PoolsArchive]) -> PoolView:
+    principal, req = call.principal, call.body
+
     def txn(db: Database) -> PoolView:
         pool = owned_pool(
             db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version

@@ -9,11 +9,12 @@ PoolGone must not keep quota the owner never granted again.
 
 from msgspec import UNSET
 
-from controlplane.iam.decide import Principal
 from controlplane.services.access import readable_pools
+from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
 from controlplane.services.views import quota_row
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.sql import Database
 from shared.errors import NotFound
@@ -26,12 +27,12 @@ def grant(
     """Set the tenant's maxima, each raised to what is in use (O2); returns the rows that
     changed, with their stored maxima."""
     in_use = res_sql.in_use(db, pool_id, tenant_id)
-    current = {row["resource"]: row["max"] for row in pool_sql.quota_rows(db, tenant_id, [pool_id])}
+    current = {row.resource: row.max for row in quota_sql.quota_rows(db, tenant_id, [pool_id])}
     changed = {}
     for resource, asked in quota.items():
         maximum = max(asked, in_use.get(resource, 0))
         if current.get(resource) != maximum:
-            pool_sql.put_quota(db, pool_id, tenant_id, resource, maximum, at)
+            quota_sql.put_quota(db, pool_id, tenant_id, resource, maximum, at)
             changed[resource] = maximum
     return changed
 
@@ -40,16 +41,17 @@ def drop_to_in_use(db: Database, pool_id: str, tenant_id: str, at: str) -> None:
     """O6, A1, R6: every row of the tenant's on the pool drops to what placed and active
     reservations hold."""
     in_use = res_sql.in_use(db, pool_id, tenant_id)
-    for row in pool_sql.quota_rows(db, tenant_id, [pool_id]):
-        maximum = in_use.get(row["resource"], 0)
-        if row["max"] != maximum:
-            pool_sql.put_quota(db, pool_id, tenant_id, row["resource"], maximum, at)
+    for row in quota_sql.quota_rows(db, tenant_id, [pool_id]):
+        maximum = in_use.get(row.resource, 0)
+        if row.max != maximum:
+            quota_sql.put_quota(db, pool_id, tenant_id, row.resource, maximum, at)
 
 
-def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaList:
+def list_quotas(db: Database, call: Call[QuotasList]) -> QuotaList:
     """The caller tenant's own rows on pools it can still see, in (pool, resource) order, a
     page at a time (B1); the cursor moves past the rows of pools the credential may not read
     (R1). A poolId the tenant cannot see is NOT_FOUND."""
+    principal, req = call.principal, call.body
     action = "compute:quotas:read"
     pool_id = None if req.pool_id is UNSET else req.pool_id
     if pool_id is not None and (
@@ -61,12 +63,12 @@ def list_quotas(db: Database, principal: Principal, req: QuotasList) -> QuotaLis
     found, cursor = page(
         db,
         scope("quotas", req),
-        pool_sql.visible_quota_rows(db, req.tenant_id, pool_id, (pool, resource), req.limit + 1),
+        quota_sql.visible_quota_rows(db, req.tenant_id, pool_id, (pool, resource), req.limit + 1),
         req.limit,
-        lambda row: f"{row['pool_id']}/{row['resource']}",
+        lambda row: f"{row.pool_id}/{row.resource}",
     )
-    allowed = readable_pools(db, principal, req.tenant_id, {r["pool_id"] for r in found}, action)
+    allowed = readable_pools(db, principal, req.tenant_id, {r.pool_id for r in found}, action)
     return QuotaList(
-        items=[quota_row(r) for r in found if r["pool_id"] in allowed],
+        items=[quota_row(r) for r in found if r.pool_id in allowed],
         next=cursor,
     )

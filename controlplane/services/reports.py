@@ -6,24 +6,20 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from controlplane.capacity.admission import (
-    CONFIGURING,
-    LOST,
-    READY,
-    stable_digest,
-)
-from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.nodes import health_events, reconcile_one, state_event
+from controlplane.capacity.admission import LOST, stable_digest
+from controlplane.capacity.nodes import Failed, reconcile_isolated
+from controlplane.capacity.states import back_from_lost, health_events, state_event
 from controlplane.iam.tokens import token_hash
 from controlplane.metrics import UNIT_FAILURES
+from controlplane.services.call import Call
 from controlplane.services.joining import inventory_fields
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.node_types import NodeRow, ReconcileRow
 from controlplane.storage.sql import Database
 from shared.gpu import with_families
-from shared.inventory import Inventory
 from shared.nodespec import NodeSpecUnits
 from shared.schemas import (
     NodeSpec,
@@ -33,7 +29,7 @@ from shared.schemas import (
 )
 
 
-def authenticate_node(db: Database, token: str) -> dict[str, Any] | None:
+def authenticate_node(db: Database, token: str) -> NodeRow | None:
     return node_sql.node_for_token(db, token_hash(token))
 
 
@@ -51,86 +47,71 @@ def failed_units(applied: Mapping[str, Any] | None, spec_units: Sequence[str]) -
     }
 
 
-def newly_failed(
-    db: Database, node: dict[str, Any], applied: dict[str, Any] | UnsetType
-) -> set[str]:
+def newly_failed(node: NodeRow, applied: dict[str, Any] | UnsetType) -> set[str]:
     """M1: the units this report says failed that the node's last one did not, so a unit is
     counted once each time it turns failed, not on every report repeating it; only units of
     the spec it was served (an agent cannot make up label values)."""
     if applied is UNSET:
         return set()
-    spec = node_sql.spec_of(db, node["id"])
+    spec = node.spec
     ids = [unit.id for unit in spec.units] if spec else []
-    before = msgspec.json.decode(node["applied"]) if node["applied"] else None
-    return failed_units(applied, ids) - failed_units(before, ids)
+    return failed_units(applied, ids) - failed_units(node.applied, ids)
 
 
-async def report_node(
-    store: Store, liveness: Liveness, node: dict[str, Any], req: NodesReport
-) -> Reported:
+async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
+    liveness, node, req = call.env.liveness, call.node, call.body
     inventory = with_families(req.inventory)
     digest = stable_digest(inventory)
     applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
-    unchanged = digest == node["inventory_hash"] and (applied is None or applied == node["applied"])
-    if unchanged and node["state"] != LOST:
-        liveness.seen(node["id"])  # nothing new: no write (liveness is batched)
-        return Reported(spec_version=node["spec_version"] or "")
+    unchanged = digest == node.inventory_hash and (applied is None or applied == node.applied_json)
+    if unchanged and node.state != LOST:
+        liveness.seen(node.id)  # nothing new: no write (liveness is batched)
+        return Reported(spec_version=node.spec_version or "")
 
     def txn(db: Database) -> tuple[Reported, set[str]]:
-        current = node_sql.get_node(db, node["id"])
-        pool = pool_sql.get_pool(db, node["pool_id"])
-        assert current is not None and pool is not None
-        failed = newly_failed(db, current, req.applied)
+        current = call.node  # read afresh by the credential's check in this transaction
+        pool = node_sql.pool_of_node(db, current.pool_id)
+        assert pool is not None
+        failed = newly_failed(current, req.applied)
         at = now()
         fields: dict[str, Any] = {"last_seen_at": at, "updated_at": at}
         if applied is not None:
-            fields["applied"] = applied
-        if digest != current["inventory_hash"]:
+            fields.update(applied=applied)
+        moved = digest != current.inventory_hash
+        if moved:
             # R4: the hostname is join's (validated there); a report never rewrites it.
-            fields.update(inventory_fields(inventory))
-            fields["inventory_rev"] = current["inventory_rev"] + 1
-            before = (
-                msgspec.json.decode(current["inventory"], type=Inventory)
-                if current["inventory"]
-                else None
-            )
-            health_events(db, current, pool.owner_tenant_id, before, inventory)
-        if current["state"] == LOST:
-            # Back: ready if it ever applied a spec cleanly (H1), else still configuring; the
-            # reconcile below re-decides (acceptance, family, render, what it applied).
-            back = READY if current["applied_version"] is not None else CONFIGURING
-            reason = None if back == READY else "waiting for the agent to apply its NodeSpec"
+            fields.update(inventory_fields(inventory, digest))
+            fields.update(inventory_rev=current.inventory_rev + 1)
+            health_events(db, current, pool.owner_tenant_id, current.inventory, inventory)
+        if current.state == LOST:
+            back, reason = back_from_lost(current)
             fields.update(state=back, state_reason=reason)
             state_event(db, current, pool.owner_tenant_id, back, reason)
-            res_sql.clear_node_lost(db, current["id"])  # its bookings carry on
-        node_sql.update_node(db, current["id"], fields)
-        liveness.seen(current["id"])
+            res_sql.clear_node_lost(db, current.id)  # its bookings carry on
+        node_sql.update_node(db, current.id, fields)
+        liveness.seen(current.id)
         # One place decides a node's state: the same render and admission as every pass.
-        reconcile_one(db, current["id"])
-        after = node_sql.get_node(db, current["id"])
-        assert after is not None
-        return Reported(spec_version=after["spec_version"] or ""), failed
+        reported = current.updated(fields, inventory if moved else None)
+        done = reconcile_isolated(db, ReconcileRow(node=reported, pool=pool))
+        version = reported.spec_version if isinstance(done, Failed) else done.spec_version
+        return Reported(spec_version=version or ""), failed
 
     reported, failed = await store.write(txn)
     for unit in failed:  # counted once committed
-        UNIT_FAILURES.labels(node["pool_id"], unit).inc()
+        UNIT_FAILURES.labels(node.pool_id, unit).inc()
     return reported
 
 
-def node_spec(db: Database, node: dict[str, Any], req: NodesSpec) -> NodeSpec:
+def node_spec(db: Database, call: Call[NodesSpec]) -> NodeSpec:
     """The node's NodeSpec as the reconciler last rendered it for this host (N6)."""
-    pool = pool_sql.get_pool(db, node["pool_id"])
-    stored = node_sql.get_node(db, node["id"])
-    assert pool is not None and stored is not None
-    units = (
-        msgspec.json.decode(stored["spec"], type=NodeSpecUnits)
-        if stored["spec"]
-        else NodeSpecUnits(version="", units=[], reboot=False)
-    )
+    node = call.node
+    pool = pool_sql.get_pool(db, node.pool_id)
+    assert pool is not None
+    units = node.spec or NodeSpecUnits(version="", units=[], reboot=False)
     return NodeSpec(
-        node_id=node["id"],
+        node_id=node.id,
         pool_id=pool.id,
-        version=stored["spec_version"] or "",
+        version=node.spec_version or "",
         pool_version=pool.version,
         pool_class=pool.pool_class,
         sharing=pool.sharing,

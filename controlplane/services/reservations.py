@@ -14,18 +14,19 @@ import time
 import msgspec
 from msgspec import UNSET
 
-from controlplane.capacity.bookings import ATOMS, finish, place, reservation_event
+from controlplane.capacity.bookings import ATOMS, count_used, finish, place, reservation_event
 from controlplane.capacity.meters import meter_of
-from controlplane.iam.decide import Principal
 from controlplane.services.access import pool_not_found, readable_pools
 from controlplane.services.budgets import spent_hours
+from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
-from controlplane.storage import pools as pool_sql
+from controlplane.storage import budgets as budget_sql
+from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
 from controlplane.storage.sql import Database
 from controlplane.storage.types import PoolRow, ReservationRow
-from shared.errors import Conflict, InvalidInput, NotFound
+from shared.errors import Conflict, InvalidInput
 from shared.ids import derived_id, new_id
 from shared.mig import profiles_for
 from shared.schemas import (
@@ -96,9 +97,8 @@ def _max_pending(max_pending: str | None) -> float | None:
     return int(match[1]) * _SECONDS[match[2]] if match else None
 
 
-async def create_reservation(
-    store: Store, principal: Principal, req: ReservationsCreate
-) -> ReservationView:
+async def create_reservation(store: Store, call: Call[ReservationsCreate]) -> ReservationView:
+    principal, req = call.principal, call.body
     resources: dict[str, int] = msgspec.to_builtins(req.resources)
     mig_profile = None if req.mig_profile is UNSET else req.mig_profile
 
@@ -111,17 +111,17 @@ async def create_reservation(
             reservation_id = derived_id(
                 "res", req.tenant_id, principal.tenant_id, req.idempotency_key
             )
-            stored = res_sql.get(db, reservation_id)
-            if stored is not None:
+            stored = call.found  # what the key made, if the decision found it (P4)
+            if isinstance(stored, ReservationRow):
                 same = stored.pool_id == req.pool_id and stored.resources == resources
                 if not same or stored.mig_profile != mig_profile:
                     raise Conflict(
                         "idempotencyKey was used with different parameters", field="idempotencyKey"
                     )
                 return view(stored)
-        pool = pool_sql.pool_for_tenant(db, req.tenant_id, req.pool_id)
+        pool = call.pool  # visible to the tenant, decided in this transaction
         # A1: an archived pool takes no new work; for everyone it is NOT_FOUND here.
-        if pool is None or pool.archived_at is not None:
+        if pool.archived_at is not None:
             raise pool_not_found()
         check_request(pool, resources, mig_profile)
         at = now()
@@ -143,8 +143,8 @@ async def create_reservation(
         )
         refusal = None
         for resource, amount in resources.items():
-            quota = res_sql.quota(db, pool.id, req.tenant_id, resource)
-            maximum, used = (quota["max"], quota["used"]) if quota else (0, 0)  # no row grants 0
+            quota = quota_sql.quota(db, pool.id, req.tenant_id, resource)
+            maximum, used = (quota.max, quota.used) if quota else (0, 0)  # no row grants 0
             if used + amount > maximum:
                 refusal = (
                     "QuotaExceeded",
@@ -153,8 +153,8 @@ async def create_reservation(
                 break
         meter = meter_of(pool.gpu_model)
         if refusal is None and meter and pool.budget_check == "meter":
-            budget = res_sql.budget(db, req.tenant_id, meter)
-            limit = None if budget is None else budget["limit_hours"]
+            budget = budget_sql.budget(db, req.tenant_id, meter)
+            limit = None if budget is None else budget.limit_hours
             if limit is not None and spent_hours(db, req.tenant_id, meter, time.time()) >= limit:
                 refusal = ("BudgetExhausted", f"{meter} budget of {limit} h is spent")
         if refusal is not None:
@@ -166,10 +166,9 @@ async def create_reservation(
             )
             return view(row)
         res_sql.insert(db, row)
-        for resource, amount in resources.items():
-            res_sql.add_used(db, pool.id, req.tenant_id, resource, amount, at)
+        count_used(db, row, 1, at)
         reservation_event(db, "created", row, pool.owner_tenant_id)
-        place(db, row, pool)
+        call.env.count_placement(place(db, row, pool))
         stored = res_sql.get(db, reservation_id)
         assert stored is not None
         return view(stored)
@@ -177,20 +176,13 @@ async def create_reservation(
     return await store.write(txn)
 
 
-def _own_reservation(db: Database, tenant_id: str, reservation_id: str) -> ReservationRow:
-    """The reservation the method's decision (R1) found; NOT_FOUND for anyone else's."""
-    row = res_sql.get(db, reservation_id)
-    if row is None or row.tenant_id != tenant_id:
-        raise NotFound("reservation not found", field="reservationId")
-    return row
+def get_reservation(db: Database, call: Call[ReservationsGet]) -> ReservationView:
+    return view(call.reservation)  # the tenant's own, as the decision (R1) found it
 
 
-def get_reservation(db: Database, principal: Principal, req: ReservationsGet) -> ReservationView:
-    return view(_own_reservation(db, req.tenant_id, req.reservation_id))
-
-
-def list_reservations(db: Database, principal: Principal, req: ReservationsList) -> ReservationList:
+def list_reservations(db: Database, call: Call[ReservationsList]) -> ReservationList:
     """B1: the tenant's reservations in id order, a page at a time."""
+    principal, req = call.principal, call.body
     found, cursor = page(
         db,
         scope("reservations", req),
@@ -216,13 +208,11 @@ def list_reservations(db: Database, principal: Principal, req: ReservationsList)
     )
 
 
-async def end_reservation(
-    store: Store, principal: Principal, req: ReservationsEnd
-) -> ReservationView:
+async def end_reservation(store: Store, call: Call[ReservationsEnd]) -> ReservationView:
     """End a live reservation (its bookings and quota go back); ending an ended one returns it."""
 
     def txn(db: Database) -> ReservationView:
-        row = _own_reservation(db, req.tenant_id, req.reservation_id)
+        row = call.reservation  # the tenant's own, decided in this transaction (R1)
         if row.state not in res_sql.LIVE:
             return view(row)
         return view(finish(db, row, "ended", None, "ended by the tenant"))

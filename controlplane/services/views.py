@@ -4,19 +4,26 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import quotas as quota_sql
+from controlplane.storage.db import Scope
+from controlplane.storage.ledger_types import QuotaRow as StoredQuota
 from controlplane.storage.sql import Database
 from controlplane.storage.types import PoolRow
 from shared.schemas import OfferView, PoolView, QuotaRow
 
+# F8: what a pool view (and a quota row) shows: the catalog's rows, and the quota figures in
+# use that bookings move. Node reports move neither, so they keep cached pool answers.
+POOL_VIEW: tuple[Scope, ...] = ("catalog", "usage")
 
-def quota_row(row: dict[str, Any]) -> QuotaRow:
+
+def quota_row(row: StoredQuota) -> QuotaRow:
     return QuotaRow(
-        tenant_id=row["tenant_id"],
-        pool_id=row["pool_id"],
-        resource=row["resource"],
-        max=row["max"],
-        used=row["used"],
-        available=max(0, row["max"] - row["used"]),
+        tenant_id=row.tenant_id,
+        pool_id=row.pool_id,
+        resource=row.resource,
+        max=row.max,
+        used=row.used,
+        available=max(0, row.max - row.used),
     )
 
 
@@ -24,17 +31,17 @@ def offers_by_pool(db: Database, pool_ids: Sequence[str]) -> dict[str, list[Offe
     """Each pool's offers with the offered tenants' quota maxima: two reads for any number of
     pools (a page of pools/list costs no read per pool)."""
     quotas: dict[tuple[str, str], dict[str, int]] = {}
-    for row in pool_sql.pool_quota_rows(db, pool_ids):
-        quotas.setdefault((row["pool_id"], row["tenant_id"]), {})[row["resource"]] = row["max"]
+    for row in quota_sql.pool_quota_rows(db, pool_ids):
+        quotas.setdefault((row.pool_id, row.tenant_id), {})[row.resource] = row.max
     offers: dict[str, list[OfferView]] = {pool_id: [] for pool_id in pool_ids}
     for offer in pool_sql.offers_of_pools(db, pool_ids):
-        key = (offer["pool_id"], offer["to_tenant_id"])
-        offers[offer["pool_id"]].append(
+        key = (offer.pool_id, offer.to_tenant_id)
+        offers[offer.pool_id].append(
             OfferView(
-                to_tenant_id=offer["to_tenant_id"],
+                to_tenant_id=offer.to_tenant_id,
                 quota=quotas.get(key, {}),
-                include_descendants=bool(offer["include_descendants"]),
-                priority=offer["priority"],
+                include_descendants=offer.include_descendants,
+                priority=offer.priority,
             )
         )
     return offers
@@ -59,14 +66,14 @@ def pool_view(
     db: Database,
     pool: PoolRow,
     tenant_id: str,
-    quotas: Iterable[dict[str, Any]] | None = None,
+    quotas: Iterable[StoredQuota] | None = None,
     offers: list[OfferView] | None = None,
 ) -> PoolView:
     """The pool as ``tenant_id`` sees it (seed 000); the owner also sees its offers. A list
     passes the tenant's ``quotas`` rows and the owner's ``offers`` it read for a whole page."""
     owned = pool.owner_tenant_id == tenant_id
     if quotas is None:
-        quotas = pool_sql.quota_rows(db, tenant_id, [pool.id])
+        quotas = quota_sql.quota_rows(db, tenant_id, [pool.id])
     view = PoolView(
         id=pool.id,
         owner_tenant_id=pool.owner_tenant_id,

@@ -8,10 +8,11 @@ writer: short ones on the event loop's own, long ones (lists) on a small pool of
 reader threads, each with its own connection (B6), so a long read holds the
 loop no longer than the interpreter's switch interval at a time.
 
-Each committed mutation that wrote anything moves the ``generation`` counter in
-its transaction (a cached read answer is good while it stands) and says the seq
-of the last event it appended to ``on_commit`` (long-polls wake on it); on
-PostgreSQL the latter is also a ``NOTIFY`` that every replica listens to.
+Each committed mutation moves, in its transaction, the generation of every scope it
+wrote (the database's own triggers do it, so no write can forget: migration 11), and a
+cached read answer is good while the generations of the scopes it shows stand; it says the
+seq of the last event it appended to ``on_commit`` (long-polls wake on it); on PostgreSQL
+the latter is also a ``NOTIFY`` that every replica listens to.
 """
 
 import asyncio
@@ -25,11 +26,12 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import TypeVar
 
 from controlplane.config import Durability
-from controlplane.storage.migrations import migrate
+from controlplane.storage.migrations import EVERY_SCOPE, Scope, migrate
 from controlplane.storage.paging import make_cursor_key
 from controlplane.storage.sql import Database, PostgresDatabase, SqliteDatabase
 
@@ -132,10 +134,17 @@ def snapshot_of(db: Database) -> Iterator[Database]:
         db.execute("COMMIT")
 
 
-def generation(db: Database) -> int:
-    """The counter every committed mutation that wrote anything moves (read in ``db``'s
-    transaction, so an answer made there is tagged with the state it saw)."""
-    return int(db.execute("SELECT n FROM generation").fetchone()[0])
+@lru_cache(maxsize=16)
+def _generation_sql(scopes: tuple[Scope, ...]) -> str:
+    marks = ", ".join("?" * len(scopes))
+    return f"SELECT CAST(sum(n) AS BIGINT) FROM generations WHERE scope IN ({marks})"
+
+
+def generation(db: Database, scopes: tuple[Scope, ...] = EVERY_SCOPE) -> int:
+    """Where ``scopes`` stand, read in ``db``'s transaction (an answer made there is tagged
+    with the state it saw): the sum of their generations, which only grow, so it moves
+    exactly when a committed mutation wrote one of them."""
+    return int(db.execute(_generation_sql(scopes), scopes).fetchone()[0])
 
 
 @contextmanager
@@ -239,7 +248,6 @@ class Store:
         db = self._writer_db
         if isinstance(db, SqliteDatabase):
             db.execute("BEGIN IMMEDIATE")
-            changes = db.total_changes
         else:
             db.execute("BEGIN")
             db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
@@ -248,17 +256,8 @@ class Store:
             if self._gate is not None:
                 self._gate(db)
             result = fn(db)
-            if isinstance(db, SqliteDatabase):
-                if db.total_changes != changes:
-                    db.execute("UPDATE generation SET n = n + 1")
-            else:
-                # An xid is assigned at a transaction's first write: none, nothing written.
-                db.execute(
-                    "UPDATE generation SET n = n + 1 "
-                    "WHERE pg_current_xact_id_if_assigned() IS NOT NULL"
-                )
-                if db.appended:
-                    db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, notice(db)])
+            if db.appended and not isinstance(db, SqliteDatabase):
+                db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, notice(db)])
         except BaseException:
             db.execute("ROLLBACK")
             raise

@@ -6,7 +6,7 @@ from typing import Any
 import msgspec
 
 from controlplane.storage.db import now
-from controlplane.storage.rows import rows
+from controlplane.storage.ledger_types import EventRow
 from controlplane.storage.sql import Database
 from shared.ids import new_id
 
@@ -52,7 +52,7 @@ def list_events(
     after: int,
     limit: int,
     types: Sequence[str] | None,
-) -> list[dict[str, Any]]:
+) -> list[EventRow]:
     """Events after ``after`` in seq order; ``tenant_id=None`` is the fleet's view (all of them).
 
     A tenant's page walks its audience rows' primary key (tenant_id, seq) from the cursor and
@@ -73,4 +73,4 @@ def list_events(
         f"SELECT e.seq, e.id, e.type, e.at, e.pool_id, e.data FROM {source} "
         f"WHERE {' AND '.join(where)} ORDER BY {seq} LIMIT ?"
     )
-    return rows(db, sql, params)
+    return [EventRow.of(row) for row in db.execute(sql, params)]

@@ -1,14 +1,14 @@
 """SQL for tenants and credentials."""
 
-from typing import Any
-
+from controlplane.storage.ledger_types import CredentialRow, TenantRow
 from controlplane.storage.rows import one
 from controlplane.storage.sql import Database
 
 
-def get_tenant(db: Database, tenant_id: str) -> dict[str, Any] | None:
+def get_tenant(db: Database, tenant_id: str) -> TenantRow | None:
     """A live (not deleted) tenant."""
-    return one(db, "SELECT * FROM tenants WHERE id = ? AND deleted_at IS NULL", [tenant_id])
+    found = one(db, "SELECT * FROM tenants WHERE id = ? AND deleted_at IS NULL", [tenant_id])
+    return None if found is None else TenantRow.from_row(found)
 
 
 def tenant_id_taken(db: Database, tenant_id: str) -> bool:
@@ -52,15 +52,15 @@ def insert_credential(
     )
 
 
-def credential_by_hash(db: Database, hashed: bytes) -> tuple[str, str, str | None] | None:
-    """(id, tenant, statements JSON) of a live credential of a live tenant."""
+def credential_by_hash(db: Database, hashed: bytes) -> CredentialRow | None:
+    """A live credential of a live tenant."""
     row = db.execute(
         "SELECT c.id, c.tenant_id, c.statements FROM credentials c "
         "JOIN tenants t ON t.id = c.tenant_id "
         "WHERE c.token_hash = ? AND c.revoked_at IS NULL AND t.deleted_at IS NULL",
         [hashed],
     ).fetchone()
-    return None if row is None else (row[0], row[1], row[2])
+    return None if row is None else CredentialRow.of(row)
 
 
 def revoke_credential(db: Database, tenant_id: str, credential_id: str, at: str) -> int:

@@ -2,9 +2,24 @@
 SQLite's DDL and turned into PostgreSQL's by the dialect. The schema version is SQLite's
 ``PRAGMA user_version`` and a one-row ``schema_version`` table on PostgreSQL."""
 
-from controlplane.storage.sql import Database
+from collections.abc import Callable
+from typing import Literal
 
-MIGRATIONS: tuple[str, ...] = (
+from controlplane.storage.sql import Database, Dialect
+
+# F8: what a cached answer may depend on, each with its own generation (storage/db.py reads
+# them). ``catalog``: tenants, credentials, sites, pools, offers, quota maxima, the authz
+# projection, budgets; ``usage``: what quota rows say is in use (moved by bookings, and only
+# when a figure changes); ``fleet``: nodes, their rows and atoms, join tokens, reservations,
+# bookings. The event log and the cursor key are in no scope: no cached read shows them.
+Scope = Literal["catalog", "usage", "fleet"]
+EVERY_SCOPE: tuple[Scope, ...] = ("catalog", "usage", "fleet")
+
+# A migration is a script in SQLite's DDL (the dialect makes PostgreSQL's), or a function that
+# writes it for either backend (triggers, whose bodies the two write apart).
+Migration = str | Callable[[Dialect], str]
+
+MIGRATIONS: tuple[Migration, ...] = (
     # 1: tenants, credentials, sites, pools, offers, quotas, authz projection, nodes, events.
     """
     CREATE TABLE tenants (
@@ -248,7 +263,75 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE cursor_key (id INTEGER PRIMARY KEY CHECK (id = 1), key BLOB NOT NULL);
     CREATE INDEX nodes_pool_page ON nodes(pool_id, id) WHERE removed_at IS NULL;
     """,
+    # 11: F8, one generation per scope (storage/db.py), each moved by triggers on the tables
+    # of its scope in the writing transaction itself, on any replica.
+    lambda dialect: scope_generations(dialect),
 )
+
+
+# Migration 11's scopes: the tables whose every written row moves a scope's generation.
+# ``quotas`` is split: its maxima are the catalog's, what is in use is ``usage``.
+SCOPED_TABLES: dict[Scope, tuple[str, ...]] = {
+    "catalog": (
+        "tenants",
+        "credentials",
+        "sites",
+        "pools",
+        "pool_offers",
+        "pool_authz",
+        "budgets",
+    ),
+    "fleet": ("nodes", "node_resources", "node_devices", "join_tokens", "reservations", "bookings"),
+}
+QUOTA_KEY = ("pool_id", "tenant_id", "resource", "max")  # a change of one: the catalog's
+
+
+def scope_generations(dialect: Dialect) -> str:
+    """Migration 11 in ``dialect``: the ``generations`` rows (from the one counter before)
+    and their triggers. SQLite moves a generation at every row written; PostgreSQL once per
+    transaction and scope (the row keeps the xid that last moved it)."""
+    changed = " OR ".join(f"OLD.{c} IS DISTINCT FROM NEW.{c}" for c in QUOTA_KEY)
+    if dialect.name == "postgresql":
+        script = [
+            "CREATE TABLE generations (scope TEXT PRIMARY KEY, n BIGINT NOT NULL, xact xid8);",
+            "CREATE FUNCTION bc_scope_written() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "UPDATE generations SET n = n + 1, xact = pg_current_xact_id() "
+            "WHERE scope = TG_ARGV[0] AND xact IS DISTINCT FROM pg_current_xact_id(); "
+            "RETURN NULL; END $$;",
+        ]
+
+        def trigger(name: str, table: str, events: str, scope: str, when: str = "") -> str:
+            return (
+                f"CREATE TRIGGER {name} AFTER {events} ON {table} FOR EACH ROW "
+                f"{f'WHEN ({when}) ' if when else ''}EXECUTE FUNCTION bc_scope_written('{scope}');"
+            )
+
+    else:
+        script = [
+            "CREATE TABLE generations (scope TEXT PRIMARY KEY, n INTEGER NOT NULL) WITHOUT ROWID;"
+        ]
+
+        def trigger(name: str, table: str, events: str, scope: str, when: str = "") -> str:
+            when = when.replace("IS DISTINCT FROM", "IS NOT")  # SQLite's spelling before 3.39
+            return "\n".join(
+                f"CREATE TRIGGER {name}_{event.lower()} AFTER {event} ON {table} "
+                f"{f'WHEN {when} ' if when else ''}BEGIN "
+                f"UPDATE generations SET n = n + 1 WHERE scope = '{scope}'; END;"
+                for event in events.split(" OR ")
+            )
+
+    for scope, tables in SCOPED_TABLES.items():
+        script += [trigger(f"{t}_written", t, "INSERT OR UPDATE OR DELETE", scope) for t in tables]
+    script += [
+        trigger("quotas_added", "quotas", "INSERT OR DELETE", "catalog"),
+        trigger("quotas_changed", "quotas", "UPDATE", "catalog", changed),
+        trigger("quotas_used", "quotas", "UPDATE", "usage", "OLD.used IS DISTINCT FROM NEW.used"),
+        "INSERT INTO generations (scope, n) "
+        + " UNION ALL ".join(f"SELECT '{s}', n FROM generation" for s in EVERY_SCOPE)
+        + ";",
+        "DROP TABLE generation;",
+    ]
+    return "\n".join(script)
 
 
 # Replicas starting together on one PostgreSQL database migrate one at a time.
@@ -272,15 +355,17 @@ def migrate(db: Database) -> int:
     if db.dialect.name == "sqlite":
         for number, script in enumerate(MIGRATIONS, start=1):
             if number > schema_version(db):
-                db.script(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;")
+                text = script(db.dialect) if callable(script) else script
+                db.script(f"BEGIN IMMEDIATE;\n{text}\nPRAGMA user_version = {number};\nCOMMIT;")
         return len(MIGRATIONS)
     db.execute("SELECT pg_advisory_lock(?)", [MIGRATION_LOCK])
     try:
         db.script("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
         for number, script in enumerate(MIGRATIONS, start=1):
             if number > schema_version(db):
+                text = script(db.dialect) if callable(script) else db.dialect.ddl(script)
                 db.script(
-                    f"BEGIN;\n{db.dialect.ddl(script)}\nDELETE FROM schema_version;\n"
+                    f"BEGIN;\n{text}\nDELETE FROM schema_version;\n"
                     f"INSERT INTO schema_version VALUES ({number});\nCOMMIT;"
                 )
     finally:

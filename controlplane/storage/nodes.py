@@ -1,14 +1,29 @@
-"""SQL for join tokens, nodes, node_resources rows and GPU atoms (node_devices)."""
+"""SQL for join tokens, nodes, node_resources rows and GPU atoms (node_devices), read into
+the typed rows of storage/node_types.py."""
 
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import msgspec
-
+from controlplane.storage.node_types import (
+    DEVICE_COLUMNS,
+    NODE_COLUMNS,
+    POOL_COLUMNS,
+    RESOURCE_COLUMNS,
+    DeviceRow,
+    JoinTokenRow,
+    NodePool,
+    NodeRow,
+    ReconcileRow,
+    ResourceRow,
+    SilentRow,
+    device_row,
+    node_pool,
+    node_row,
+    reconcile_row,
+    resource_row,
+)
 from controlplane.storage.paging import merged
-from controlplane.storage.rows import one, rows
 from controlplane.storage.sql import Database
-from shared.nodespec import NodeSpecUnits
 
 # --- join tokens -----------------------------------------------------------
 
@@ -21,8 +36,17 @@ def insert_join_token(db: Database, row: dict[str, Any]) -> None:
     )
 
 
-def join_token(db: Database, hashed: bytes) -> dict[str, Any] | None:
-    return one(db, "SELECT * FROM join_tokens WHERE token_hash = ?", [hashed])
+def join_token(db: Database, hashed: bytes) -> JoinTokenRow | None:
+    found = db.execute(
+        "SELECT id, pool_id, expires_at, max_uses, uses FROM join_tokens WHERE token_hash = ?",
+        [hashed],
+    ).fetchone()
+    if found is None:
+        return None
+    token_id, pool_id, expires_at, max_uses, uses = found
+    return JoinTokenRow(
+        id=token_id, pool_id=pool_id, expires_at=expires_at, max_uses=max_uses, uses=uses
+    )
 
 
 def use_join_token(db: Database, token_id: str) -> None:
@@ -38,24 +62,27 @@ SCHEDULABLE = (
 )
 
 FACTS = ("logical_cpus", "memory_total_bytes", "hugepages_2mi", "hugepages_1gi", "disk_total_bytes")
+_NODE = ", ".join(NODE_COLUMNS)
+_N_NODE = ", ".join(f"n.{column}" for column in NODE_COLUMNS)
+_P_POOL = ", ".join(f"p.{column}" for column in POOL_COLUMNS)
 
 
-def node_by_identity(db: Database, identity: str) -> dict[str, Any] | None:
-    return one(db, "SELECT * FROM nodes WHERE identity = ?", [identity])
+def _node(db: Database, where: str, params: Sequence[Any]) -> NodeRow | None:
+    found = db.execute(f"SELECT {_NODE} FROM nodes WHERE {where}", params).fetchone()
+    return None if found is None else node_row(found)
 
 
-def get_node(db: Database, node_id: str) -> dict[str, Any] | None:
-    return one(db, "SELECT * FROM nodes WHERE id = ?", [node_id])
+def node_by_identity(db: Database, identity: str) -> NodeRow | None:
+    return _node(db, "identity = ?", [identity])
 
 
-def node_for_token(db: Database, hashed: bytes) -> dict[str, Any] | None:
-    """What a report needs to decide it has nothing to write: one indexed read."""
-    return one(
-        db,
-        "SELECT id, pool_id, state, inventory_hash, applied, spec_version FROM nodes "
-        "WHERE token_hash = ?",
-        [hashed],
-    )
+def get_node(db: Database, node_id: str) -> NodeRow | None:
+    return _node(db, "id = ?", [node_id])
+
+
+def node_for_token(db: Database, hashed: bytes) -> NodeRow | None:
+    """The node of a node credential: one indexed read, the row a report or a spec then uses."""
+    return _node(db, "token_hash = ?", [hashed])
 
 
 def insert_node(db: Database, row: dict[str, Any]) -> None:
@@ -71,41 +98,44 @@ def update_node(db: Database, node_id: str, fields: dict[str, Any]) -> None:
     )
 
 
-def nodes_of_pool(db: Database, pool_id: str) -> list[dict[str, Any]]:
-    return rows(
-        db,
-        "SELECT * FROM nodes WHERE pool_id = ? AND removed_at IS NULL ORDER BY hostname, id",
-        [pool_id],
-    )
-
-
 def nodes_of_pools(
     db: Database,
     pool_ids: Sequence[str],
     states: Sequence[str] | None,
     after: str,
     limit: int,
-) -> list[dict[str, Any]]:
+) -> list[NodeRow]:
     """H7: the live nodes of several pools in id order after ``after`` (a keyset page): one
     arm a pool, each a range of the (pool, id) index of live nodes, merged in id order (B1)."""
     wanted = f" AND state IN ({', '.join('?' * len(states))})" if states else ""
     arms = [
         (
-            f"SELECT * FROM nodes WHERE pool_id = ? AND removed_at IS NULL AND id > ?{wanted}",
+            f"SELECT {_NODE} FROM nodes WHERE pool_id = ? AND removed_at IS NULL AND id > ?"
+            f"{wanted}",
             [pool_id, after, *(states or [])],
         )
         for pool_id in pool_ids
     ]
-    return merged(db, arms, limit)
+    return [node_row([row[c] for c in NODE_COLUMNS]) for row in merged(db, arms, limit)]
 
 
-def draining(db: Database) -> list[dict[str, Any]]:
-    """Nodes being drained (a partial index), with their pool's owner for the events."""
-    return rows(
-        db,
-        "SELECT n.*, p.owner_tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id "
-        "WHERE n.drain_state = 'draining' AND n.removed_at IS NULL",
-    )
+def pool_of_node(db: Database, pool_id: str) -> NodePool | None:
+    """What a node's reconcile reads of its pool, for a node already read (a report's)."""
+    found = db.execute(
+        f"SELECT {', '.join(POOL_COLUMNS)} FROM pools WHERE id = ?", [pool_id]
+    ).fetchone()
+    return None if found is None else node_pool(found)
+
+
+_WITH_POOL = f"SELECT {_N_NODE}, {_P_POOL} FROM nodes n JOIN pools p ON p.id = n.pool_id "
+
+
+def draining(db: Database) -> list[ReconcileRow]:
+    """Nodes being drained (a partial index), with their pool (its owner for the events)."""
+    found = db.execute(
+        _WITH_POOL + "WHERE n.drain_state = 'draining' AND n.removed_at IS NULL"
+    ).fetchall()
+    return [reconcile_row(row) for row in found]
 
 
 def remove(db: Database, node_id: str, at: str) -> None:
@@ -132,9 +162,7 @@ WATCHED = "(n.state IN ('ready', 'configuring', 'quarantined') AND n.removed_at 
 AMONG_CHUNK = 500  # ids per statement, far below either backend's limit on parameters
 
 
-def silent_nodes(
-    db: Database, before: str, among: Sequence[str] | None = None
-) -> list[dict[str, Any]]:
+def silent_nodes(db: Database, before: str, among: Sequence[str] | None = None) -> list[SilentRow]:
     """Watched nodes whose ``last_seen_at`` is older than ``before`` (indexed on state, time);
     with ``among``, only those of these ids, each found by its key: the few that the check
     off the writer found silent (storage/liveness.py)."""
@@ -143,12 +171,17 @@ def silent_nodes(
         f"JOIN pools p ON p.id = n.pool_id WHERE {WATCHED} AND n.last_seen_at < ?"
     )
     if among is None:
-        return rows(db, sql, [before])
-    found = []
-    for start in range(0, len(among), AMONG_CHUNK):
-        ids = among[start : start + AMONG_CHUNK]
-        found += rows(db, f"{sql} AND n.id IN ({', '.join('?' * len(ids))})", [before, *ids])
-    return found
+        found = db.execute(sql, [before]).fetchall()
+    else:
+        found = []
+        for start in range(0, len(among), AMONG_CHUNK):
+            ids = among[start : start + AMONG_CHUNK]
+            marks = ", ".join("?" * len(ids))
+            found += db.execute(f"{sql} AND n.id IN ({marks})", [before, *ids]).fetchall()
+    return [
+        SilentRow(id=i, pool_id=pool, hostname=host, last_seen_at=seen, owner_tenant_id=owner)
+        for i, pool, host, seen, owner in found
+    ]
 
 
 def mark_lost(db: Database, node_ids: Iterable[str], at: str) -> None:
@@ -158,26 +191,19 @@ def mark_lost(db: Database, node_ids: Iterable[str], at: str) -> None:
     )
 
 
-_RECONCILE = (
-    "SELECT n.id, n.pool_id, n.hostname, n.state, n.state_reason, n.inventory, n.inventory_rev, "
-    "n.spec_version, n.applied, n.applied_version, n.pending_reboot, n.applied_units, "
-    f"{', '.join('n.' + f for f in FACTS)}, p.version AS pool_version, p.class, p.sharing, "
-    "p.policy, p.gpu_model, p.owner_tenant_id FROM nodes n JOIN pools p ON p.id = n.pool_id "
-)
-
-
-def stale_nodes(db: Database) -> list[dict[str, Any]]:
+def stale_nodes(db: Database) -> list[ReconcileRow]:
     """Nodes whose rows were computed from an older inventory or pool version, or are held."""
-    return rows(
-        db,
-        _RECONCILE
+    found = db.execute(
+        _WITH_POOL
         + "WHERE (n.rows_inventory_rev != n.inventory_rev OR n.rows_pool_version != p.version) "
-        "AND n.removed_at IS NULL",
-    )
+        "AND n.removed_at IS NULL"
+    ).fetchall()
+    return [reconcile_row(row) for row in found]
 
 
-def reconcile_row(db: Database, node_id: str) -> list[dict[str, Any]]:
-    return rows(db, _RECONCILE + "WHERE n.id = ?", [node_id])
+def reconcile_row_of(db: Database, node_id: str) -> ReconcileRow | None:
+    found = db.execute(_WITH_POOL + "WHERE n.id = ?", [node_id]).fetchone()
+    return None if found is None else reconcile_row(found)
 
 
 def mark_stale(db: Database, node_ids: Iterable[str]) -> None:
@@ -188,46 +214,24 @@ def mark_stale(db: Database, node_ids: Iterable[str]) -> None:
     )
 
 
-def mark_rows_current(db: Database, node_id: str, inventory_rev: int, pool_version: int) -> None:
-    db.execute(
-        "UPDATE nodes SET rows_inventory_rev = ?, rows_pool_version = ? WHERE id = ?",
-        [inventory_rev, pool_version, node_id],
-    )
-
-
-def booked_gpus(db: Database, node_id: str) -> frozenset[str]:
-    """GPUs with a booked atom: their MIG layout stays until they are idle (U3)."""
-    found = db.execute(
-        "SELECT DISTINCT gpu_uuid FROM node_devices WHERE node_id = ? AND allocated = 1", [node_id]
-    )
-    return frozenset(row[0] for row in found)
-
-
-def spec_of(db: Database, node_id: str) -> NodeSpecUnits | None:
-    """The node's stored NodeSpec units, if it has one."""
-    found = db.execute("SELECT spec FROM nodes WHERE id = ?", [node_id]).fetchone()
-    return msgspec.json.decode(found[0], type=NodeSpecUnits) if found and found[0] else None
-
-
-def put_spec(db: Database, node_id: str, spec: str, version: str) -> None:
-    db.execute("UPDATE nodes SET spec = ?, spec_version = ? WHERE id = ?", [spec, version, node_id])
-
-
 # --- node_resources and node_devices ---------------------------------------
 
 
-def resource_rows(db: Database, node_id: str) -> dict[str, dict[str, Any]]:
-    found = rows(db, "SELECT * FROM node_resources WHERE node_id = ?", [node_id])
-    return {row["resource"]: row for row in found}
+def resource_rows(db: Database, node_id: str) -> dict[str, ResourceRow]:
+    found = db.execute(
+        f"SELECT {', '.join(RESOURCE_COLUMNS)} FROM node_resources WHERE node_id = ?", [node_id]
+    )
+    return {row.resource: row for row in map(resource_row, found)}
 
 
-def resource_rows_of(db: Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
+def resource_rows_of(db: Database, node_ids: Sequence[str]) -> list[ResourceRow]:
     marks = ", ".join("?" * len(node_ids))
-    return rows(
-        db,
-        f"SELECT * FROM node_resources WHERE node_id IN ({marks}) ORDER BY node_id, resource",
+    found = db.execute(
+        f"SELECT {', '.join(RESOURCE_COLUMNS)} FROM node_resources WHERE node_id IN ({marks}) "
+        "ORDER BY node_id, resource",
         list(node_ids),
     )
+    return [resource_row(row) for row in found]
 
 
 def put_resource(db: Database, node_id: str, resource: str, capacity: int, ratio: float) -> None:
@@ -239,29 +243,25 @@ def put_resource(db: Database, node_id: str, resource: str, capacity: int, ratio
     )
 
 
-def delete_resource(db: Database, node_id: str, resource: str) -> bool:
-    """Delete an unallocated row; False when the row is still allocated (N5: it stays)."""
-    return (
-        db.execute(
-            "DELETE FROM node_resources WHERE node_id = ? AND resource = ? AND allocated = 0",
-            [node_id, resource],
-        ).rowcount
-        > 0
+def delete_resource(db: Database, node_id: str, resource: str) -> None:
+    db.execute("DELETE FROM node_resources WHERE node_id = ? AND resource = ?", [node_id, resource])
+
+
+def devices(db: Database, node_id: str) -> dict[str, DeviceRow]:
+    found = db.execute(
+        f"SELECT {', '.join(DEVICE_COLUMNS)} FROM node_devices WHERE node_id = ?", [node_id]
     )
+    return {row.device_id: row for row in map(device_row, found)}
 
 
-def devices(db: Database, node_id: str) -> dict[str, dict[str, Any]]:
-    found = rows(db, "SELECT * FROM node_devices WHERE node_id = ?", [node_id])
-    return {row["device_id"]: row for row in found}
-
-
-def devices_of(db: Database, node_ids: Sequence[str]) -> list[dict[str, Any]]:
+def devices_of(db: Database, node_ids: Sequence[str]) -> list[DeviceRow]:
     marks = ", ".join("?" * len(node_ids))
-    return rows(
-        db,
-        f"SELECT * FROM node_devices WHERE node_id IN ({marks}) ORDER BY node_id, device_id",
+    found = db.execute(
+        f"SELECT {', '.join(DEVICE_COLUMNS)} FROM node_devices WHERE node_id IN ({marks}) "
+        "ORDER BY node_id, device_id",
         list(node_ids),
     )
+    return [device_row(row) for row in found]
 
 
 def set_device_flags(
@@ -281,20 +281,15 @@ def insert_device(
     resource: str,
     gpu_uuid: str,
     profile: str | None,
+    unhealthy: bool,
+    held: bool,
 ) -> None:
     db.execute(
-        "INSERT INTO node_devices (node_id, device_id, resource, gpu_uuid, profile) "
-        "VALUES (?, ?, ?, ?, ?)",
-        [node_id, device_id, resource, gpu_uuid, profile],
+        "INSERT INTO node_devices (node_id, device_id, resource, gpu_uuid, profile, unhealthy, "
+        "held) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        [node_id, device_id, resource, gpu_uuid, profile, int(unhealthy), int(held)],
     )
 
 
-def delete_device(db: Database, node_id: str, device_id: str) -> bool:
-    """Delete an unbooked atom; False when it is booked (it stays until the booking ends)."""
-    return (
-        db.execute(
-            "DELETE FROM node_devices WHERE node_id = ? AND device_id = ? AND allocated = 0",
-            [node_id, device_id],
-        ).rowcount
-        > 0
-    )
+def delete_device(db: Database, node_id: str, device_id: str) -> None:
+    db.execute("DELETE FROM node_devices WHERE node_id = ? AND device_id = ?", [node_id, device_id])

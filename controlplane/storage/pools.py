@@ -1,8 +1,9 @@
-"""SQL for pools, their offers, quota rows, and the IAM authz projection."""
+"""SQL for pools, their offers, and the IAM authz projection."""
 
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from controlplane.storage.ledger_types import OfferRow
 from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
 from controlplane.storage.sql import Database
@@ -127,13 +128,14 @@ def delete_authz(db: Database, tenant_id: str, pool_id: str) -> None:
 # --- offers ----------------------------------------------------------------
 
 
-def offers_of(db: Database, pool_id: str) -> list[dict[str, Any]]:
+def offers_of(db: Database, pool_id: str) -> list[OfferRow]:
     return offers_of_pools(db, [pool_id])
 
 
-def offers_of_pools(db: Database, pool_ids: Sequence[str]) -> list[dict[str, Any]]:
+def offers_of_pools(db: Database, pool_ids: Sequence[str]) -> list[OfferRow]:
     """The offers of several pools in one read, by pool and tenant."""
-    return _of_pools(db, "pool_offers", pool_ids, "pool_id, to_tenant_id")
+    found = _of_pools(db, "pool_offers", pool_ids, "pool_id, to_tenant_id")
+    return [OfferRow.from_row(row) for row in found]
 
 
 def _of_pools(
@@ -148,13 +150,11 @@ def _of_pools(
     )
 
 
-def offers_to(db: Database, tenant_id: str) -> list[dict[str, Any]]:
-    return rows(
-        db,
-        "SELECT o.*, p.owner_tenant_id FROM pool_offers o JOIN pools p ON p.id = o.pool_id "
-        "WHERE o.to_tenant_id = ? ORDER BY o.pool_id",
-        [tenant_id],
+def offers_to(db: Database, tenant_id: str) -> list[OfferRow]:
+    found = rows(
+        db, "SELECT * FROM pool_offers WHERE to_tenant_id = ? ORDER BY pool_id", [tenant_id]
     )
+    return [OfferRow.from_row(row) for row in found]
 
 
 def put_offer(
@@ -188,66 +188,6 @@ def tenant_owned_nodes(db: Database, pool_id: str) -> int:
     return int(row[0])
 
 
-# --- quotas ----------------------------------------------------------------
-
-
-def quota_rows(
-    db: Database, tenant_id: str, pool_ids: Iterable[str] | None = None
-) -> list[dict[str, Any]]:
-    """The tenant's quota rows, on the given pools or on all of them."""
-    sql = "SELECT * FROM quotas WHERE tenant_id = ?"
-    params: list[Any] = [tenant_id]
-    if pool_ids is not None:
-        ids = list(pool_ids)
-        if not ids:
-            return []
-        sql += f" AND pool_id IN ({', '.join('?' * len(ids))})"
-        params.extend(ids)
-    return rows(db, sql + " ORDER BY pool_id, resource", params)
-
-
-def pool_quota_rows(db: Database, pool_ids: Sequence[str]) -> list[dict[str, Any]]:
-    """Every tenant's quota rows on several pools, in one read."""
-    return _of_pools(db, "quotas", pool_ids, "pool_id, tenant_id, resource")
-
-
-def visible_quota_rows(
-    db: Database, tenant_id: str, pool_id: str | None, after: tuple[str, str], limit: int
-) -> list[dict[str, Any]]:
-    """B1: the tenant's quota rows on pools it has an authz row for (owned, or offered and not
-    archived), in (pool, resource) order after ``after``, at most ``limit``: a walk of the
-    tenant's quotas index from the cursor."""
-    sql = (
-        "SELECT q.* FROM quotas q JOIN pool_authz a "
-        "ON a.tenant_id = q.tenant_id AND a.pool_id = q.pool_id "
-        "WHERE q.tenant_id = ? AND (q.pool_id, q.resource) > (?, ?)"
-    )
-    params: list[Any] = [tenant_id, *after]
-    if pool_id is not None:
-        sql += " AND q.pool_id = ?"
-        params.append(pool_id)
-    return rows(db, sql + " ORDER BY q.pool_id, q.resource LIMIT ?", [*params, limit])
-
-
-def put_quota(
-    db: Database, pool_id: str, tenant_id: str, resource: str, maximum: int, at: str
-) -> None:
-    """Store a row's max; a new row starts with nothing used."""
-    db.execute(
-        "INSERT INTO quotas (pool_id, tenant_id, resource, max, used, updated_at) "
-        "VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT (pool_id, tenant_id, resource) "
-        "DO UPDATE SET max = excluded.max, updated_at = excluded.updated_at",
-        [pool_id, tenant_id, resource, maximum, at],
-    )
-
-
-def zero_quotas(db: Database, pool_id: str, tenant_id: str, at: str) -> None:
-    db.execute(
-        "UPDATE quotas SET max = 0, updated_at = ? WHERE pool_id = ? AND tenant_id = ?",
-        [at, pool_id, tenant_id],
-    )
-
-
 # --- capacity --------------------------------------------------------------
 
 
@@ -274,13 +214,3 @@ def capacity_ledger(db: Database, pool_id: str) -> list[dict[str, Any]]:
         ") AS ledger GROUP BY resource ORDER BY resource",
         [pool_id, pool_id],
     )
-
-
-def offered_maxima(db: Database, pool_id: str, owner: str) -> dict[str, int]:
-    """H6 offered: per resource, the quota maxima of every tenant but the owner."""
-    found = db.execute(
-        "SELECT resource, CAST(sum(max) AS BIGINT) FROM quotas WHERE pool_id = ? AND tenant_id != ? "
-        "GROUP BY resource",
-        [pool_id, owner],
-    ).fetchall()
-    return {resource: int(total) for resource, total in found}

@@ -1,8 +1,9 @@
-"""SQL for reservations, their bookings (atoms and node_resources rows), and budgets."""
+"""SQL for reservations and their bookings (atoms and node_resources rows)."""
 
 from collections.abc import Sequence
 from typing import Any
 
+from controlplane.storage.ledger_types import BookingRow
 from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.paging import merged
 from controlplane.storage.rows import one, rows
@@ -77,16 +78,6 @@ def placed(db: Database) -> list[ReservationRow]:
 def pending(db: Database) -> list[ReservationRow]:
     """Pending reservations, oldest first: the placer's queue."""
     return _select(db, "WHERE state = 'pending' ORDER BY created_at, id")
-
-
-def placed_gpu_hours(db: Database, tenant_id: str) -> list[dict[str, Any]]:
-    return rows(
-        db,
-        "SELECT r.pool_id, r.placed_at, r.mig_profile, b.resource, b.amount FROM reservations r "
-        "JOIN bookings b ON b.reservation_id = r.id "
-        "WHERE r.tenant_id = ? AND r.state IN ('placed', 'active') AND b.resource LIKE 'gpu%'",
-        [tenant_id],
-    )
 
 
 # --- the placer's reads and writes -----------------------------------------
@@ -188,20 +179,33 @@ def insert_booking(
     )
 
 
-def release(db: Database, reservation_id: str) -> list[dict[str, Any]]:
-    """Give back everything the reservation booked; returns its bookings."""
-    booked = rows(db, "SELECT * FROM bookings WHERE reservation_id = ?", [reservation_id])
+def bookings_of(db: Database, reservation_id: str) -> list[BookingRow]:
+    found = rows(db, "SELECT * FROM bookings WHERE reservation_id = ?", [reservation_id])
+    return [BookingRow.from_row(row) for row in found]
+
+
+def free_atoms(db: Database, reservation_id: str) -> None:
+    """The atoms booked for the reservation are free again."""
     db.execute(
         "UPDATE node_devices SET allocated = 0, reservation_id = NULL WHERE reservation_id = ?",
         [reservation_id],
     )
-    for booking in booked:
-        db.execute(
-            "UPDATE node_resources SET allocated = CASE WHEN allocated > ? THEN allocated - ? "
-            "ELSE 0 END WHERE node_id = ? AND resource = ?",
-            [booking["amount"], booking["amount"], booking["node_id"], booking["resource"]],
-        )
-    return booked
+
+
+def row_allocated(db: Database, node_id: str, resource: str) -> int | None:
+    """How much of a node_resources row is booked; None when the node has no such row."""
+    found = db.execute(
+        "SELECT allocated FROM node_resources WHERE node_id = ? AND resource = ?",
+        [node_id, resource],
+    ).fetchone()
+    return None if found is None else int(found[0])
+
+
+def set_row_allocated(db: Database, node_id: str, resource: str, allocated: int) -> None:
+    db.execute(
+        "UPDATE node_resources SET allocated = ? WHERE node_id = ? AND resource = ?",
+        [allocated, node_id, resource],
+    )
 
 
 def mark_pool_gone(db: Database, pool_id: str, tenant_id: str | None = None) -> None:
@@ -240,17 +244,6 @@ def clear_node_lost(db: Database, node_id: str) -> None:
     flag_unhealthy_bookings(db, node_id)
 
 
-def add_used(
-    db: Database, pool_id: str, tenant_id: str, resource: str, delta: int, at: str
-) -> None:
-    """Quota `used` follows live reservations; a row that does not exist stays absent."""
-    db.execute(
-        "UPDATE quotas SET used = CASE WHEN used + ? > 0 THEN used + ? ELSE 0 END, "
-        "updated_at = ? WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
-        [delta, delta, at, pool_id, tenant_id, resource],
-    )
-
-
 def in_use(db: Database, pool_id: str, tenant_id: str) -> dict[str, int]:
     """Per resource, what the tenant's placed and active reservations on the pool hold."""
     found = db.execute(
@@ -261,37 +254,3 @@ def in_use(db: Database, pool_id: str, tenant_id: str) -> dict[str, int]:
         [pool_id, tenant_id],
     ).fetchall()
     return {resource: int(amount) for resource, amount in found}
-
-
-def quota(db: Database, pool_id: str, tenant_id: str, resource: str) -> dict[str, Any] | None:
-    return one(
-        db,
-        "SELECT * FROM quotas WHERE pool_id = ? AND tenant_id = ? AND resource = ?",
-        [pool_id, tenant_id, resource],
-    )
-
-
-# --- budgets ---------------------------------------------------------------
-
-
-def budget(db: Database, tenant_id: str, meter: str) -> dict[str, Any] | None:
-    return one(db, "SELECT * FROM budgets WHERE tenant_id = ? AND meter = ?", [tenant_id, meter])
-
-
-def put_budget(db: Database, tenant_id: str, meter: str, limit: float | None, at: str) -> None:
-    db.execute(
-        "INSERT INTO budgets (tenant_id, meter, limit_hours, spent_hours, updated_at) VALUES (?, ?, ?, 0, ?) "
-        "ON CONFLICT (tenant_id, meter) DO UPDATE SET limit_hours = excluded.limit_hours, "
-        "updated_at = excluded.updated_at",
-        [tenant_id, meter, limit, at],
-    )
-
-
-def add_spent(db: Database, tenant_id: str, meter: str, hours: float, at: str) -> None:
-    db.execute(
-        "INSERT INTO budgets (tenant_id, meter, limit_hours, spent_hours, updated_at) VALUES (?, ?, NULL, ?, ?) "
-        "ON CONFLICT (tenant_id, meter) DO UPDATE SET "
-        "spent_hours = budgets.spent_hours + excluded.spent_hours, "
-        "updated_at = excluded.updated_at",
-        [tenant_id, meter, hours, at],
-    )

@@ -1,0 +1,40 @@
+"""What a changed nodes/report costs the writer, and rows whose JSON no longer decodes."""
+
+import msgspec
+
+from controlplane.api.keys import RUNTIME
+from tests.conftest import Api
+from tests.nodes import DGX_POLICY, joined, pool_with_token, recorded, report
+from tests.statements import mutation, node_reads, writer_statements
+
+# The statements of a changed report's transaction, without the store's BEGIN and COMMIT:
+# the node's row (the credential's check), its pool, the GPU's event and its audience, the
+# node's new inventory; then in its reconcile's savepoint the atoms and rows, the atom's
+# flag, the bookings' flags and the rows' revision.
+CHANGED_REPORT_STATEMENTS = 12
+
+
+async def test_f8_a_changed_report_reads_its_node_once(api: Api) -> None:
+    """F8: a report whose inventory changed reads its node row once in its transaction (the
+    credential's check), parses and hashes its inventory once, and runs a bounded number of
+    statements; the change is stored and reconciled in that same transaction (H5)."""
+    _, token = await pool_with_token(api, policy=DGX_POLICY)
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
+    sick = msgspec.structs.replace(
+        inventory,
+        gpus=[
+            msgspec.structs.replace(gpu, health="unhealthy", health_reasons=["xid 79"])
+            if gpu.index == 0
+            else gpu
+            for gpu in inventory.gpus
+        ],
+    )
+    with writer_statements(api.client.app[RUNTIME].db) as statements:
+        status, answer = await report(api, node, sick)
+    assert status == 200, answer
+    assert len(node_reads(statements)) == 1, node_reads(statements)
+    assert len(mutation(statements)) <= CHANGED_REPORT_STATEMENTS, statements
+    view = await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
+    assert [g["health"] for g in view["gpus"]][:2] == ["unhealthy", "healthy"]
+    assert sum(d["unhealthy"] for d in view["devices"]) == 1
