@@ -1,13 +1,16 @@
 """pools.offer, pools.unoffer and quotas.set: O1–O6."""
 
+import re
 from pathlib import Path
 from typing import Any
 
+from controlplane.api.keys import RUNTIME
 from controlplane.capacity.liveness import Liveness
 from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
 from tests.nodes import held, joined, pool_with_token, recorded
+from tests.statements import mutation, writer_statements
 
 
 async def setup_offered(api: Api) -> tuple[str, str]:
@@ -324,3 +327,22 @@ async def test_r6_pending_reservations_hold_no_quota_after_an_unoffer(api: Api, 
     assert (got["state"], got["reason"]) == ("failed", "PoolGone")
     rows = execute(db, "SELECT resource, max, used FROM quotas WHERE tenant_id = 'acme' ORDER BY 1")
     assert rows == [("gpu", 2, 2), ("vcpu", 8, 0)]
+
+
+POOL_READ = re.compile(r"^SELECT .* JOIN pools p\b|^SELECT .* FROM pools\b", re.DOTALL)
+OFFER_STATEMENTS = 12  # a pools/offer's own statements in its transaction (framing aside)
+
+
+async def test_r1_an_offer_reads_its_pool_once_in_its_transaction(api: Api) -> None:
+    """R1, R3: pools/offer's decision finds the pool (its version checked) and the service
+    takes that row: one read of the pool in the transaction, and a bounded statement count."""
+    _, pool = await setup_offered(api)
+    store = api.client.app[RUNTIME].db
+    body = {"tenantId": "root", "poolId": pool, "toTenantId": "acme", "quota": {"gpu": 2}}
+    with writer_statements(store) as seen:
+        await api.ok("compute/pools/offer", {**body, "version": 1})
+    own = mutation(seen)
+    print(len(own), *own, sep="\n")
+    assert len([sql for sql in own if POOL_READ.match(sql)]) == 1  # the gate's read
+    assert len([sql for sql in own if "FROM quotas" in sql]) == 1
+    assert len(own) <= OFFER_STATEMENTS

@@ -6,7 +6,6 @@ from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
-from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
@@ -69,12 +68,8 @@ async def offer_pool(store: Store, call: Call[PoolsOffer]) -> PoolView:
             assert site is not None
             pool_sql.put_offer(db, pool.id, target, req.include_descendants, req.priority, at)
             pool_sql.put_authz(db, target, pool, site.region)  # O5
-        grant(db, pool.id, target, dict(req.quota), at)  # O2
-        stored = {
-            row.resource: row.max
-            for row in quota_sql.quota_rows(db, target, [pool.id])
-            if row.resource in req.quota
-        }
+        _, rows = grant(db, pool.id, target, dict(req.quota), at)  # O2
+        stored = {row.resource: row.max for row in rows if row.resource in req.quota}
         events.append(
             db,
             "pool.offered",
@@ -87,7 +82,7 @@ async def offer_pool(store: Store, call: Call[PoolsOffer]) -> PoolView:
             },
             audience=[pool.owner_tenant_id, target],
         )
-        return pool_view(db, pool, target)
+        return pool_view(db, pool, target, quotas=rows)
 
     return await store.write(txn)
 
@@ -135,7 +130,7 @@ async def set_quota(store: Store, call: Call[QuotasSet]) -> QuotaRows:
         if target != pool.owner_tenant_id and target not in offered:
             raise InvalidState("the pool is not offered to that tenant", field="forTenantId")
         at = now()
-        changed = grant(db, pool.id, target, dict(req.quota), at)
+        changed, rows = grant(db, pool.id, target, dict(req.quota), at)
         if changed:
             events.append(
                 db,
@@ -144,7 +139,6 @@ async def set_quota(store: Store, call: Call[QuotasSet]) -> QuotaRows:
                 data={"forTenantId": target, "quota": changed},
                 audience=[pool.owner_tenant_id, target],
             )
-        rows = quota_sql.quota_rows(db, target, [pool.id])
         return QuotaRows(items=[quota_row(r) for r in rows])
 
     return await store.write(txn)

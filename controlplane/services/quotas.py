@@ -16,6 +16,7 @@ from controlplane.services.views import quota_row
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
+from controlplane.storage.ledger_types import QuotaRow
 from controlplane.storage.sql import Database
 from shared.errors import NotFound
 from shared.schemas import QuotaList, QuotasList
@@ -23,18 +24,28 @@ from shared.schemas import QuotaList, QuotasList
 
 def grant(
     db: Database, pool_id: str, tenant_id: str, quota: dict[str, int], at: str
-) -> dict[str, int]:
-    """Set the tenant's maxima, each raised to what is in use (O2); returns the rows that
-    changed, with their stored maxima."""
+) -> tuple[dict[str, int], list[QuotaRow]]:
+    """Set the tenant's maxima, each raised to what is in use (O2). Returns the rows that
+    changed, with their stored maxima, and every row of the tenant's on the pool as it now
+    stands, in resource order (what quota_rows would read back)."""
     in_use = res_sql.in_use(db, pool_id, tenant_id)
-    current = {row.resource: row.max for row in quota_sql.quota_rows(db, tenant_id, [pool_id])}
+    rows = {row.resource: row for row in quota_sql.quota_rows(db, tenant_id, [pool_id])}
     changed = {}
     for resource, asked in quota.items():
         maximum = max(asked, in_use.get(resource, 0))
-        if current.get(resource) != maximum:
+        row = rows.get(resource)
+        if row is None or row.max != maximum:
             quota_sql.put_quota(db, pool_id, tenant_id, resource, maximum, at)
             changed[resource] = maximum
-    return changed
+            rows[resource] = QuotaRow(
+                pool_id=pool_id,
+                tenant_id=tenant_id,
+                resource=resource,
+                max=maximum,
+                used=0 if row is None else row.used,
+                updated_at=at,
+            )
+    return changed, [rows[resource] for resource in sorted(rows)]
 
 
 def drop_to_in_use(db: Database, pool_id: str, tenant_id: str, at: str) -> None:
