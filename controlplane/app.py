@@ -16,7 +16,7 @@ from controlplane.api.middleware import request_middleware
 from controlplane.api.openapi import openapi_document
 from controlplane.api.routes import ALL_METHODS, add_routes
 from controlplane.config import MAX_BODY_BYTES, Config
-from controlplane.metrics import Metrics, count_placement
+from controlplane.metrics import COUNTED, Metrics
 from controlplane.reads.workers import ReadWorkers
 from controlplane.reconciler import run_reconciler
 from controlplane.runtime import Runtime
@@ -33,7 +33,7 @@ def make_app(config: Config) -> web.Application:
     app = web.Application(middlewares=[request_middleware], client_max_size=MAX_BODY_BYTES)
     methods = ALL_METHODS
     workers = ReadWorkers(config, config.read_workers, worker.ENTRY)
-    app[RUNTIME] = Runtime(config, workers=workers, count_placement=count_placement)
+    app[RUNTIME] = Runtime(config, workers=workers, counters=COUNTED)
     app[METRICS] = Metrics.create()
     app[METHODS] = methods
     app[OPENAPI] = msgspec.json.encode(openapi_document(methods, version("better-compute")))

@@ -58,6 +58,19 @@ LEDGER_KINDS = ("total", "schedulable", "allocated", "available")  # offered com
 Count = tuple[str, str, int]  # (pool, state, how many)
 
 
+class Counted:
+    """The services' counters (services/call.py's Counters) on this module's metrics."""
+
+    def placement(self, tried: Placement) -> None:
+        count_placement(tried)
+
+    def unit_failed(self, pool_id: str, unit: str) -> None:
+        UNIT_FAILURES.labels(pool_id, unit).inc()
+
+
+COUNTED = Counted()
+
+
 @dataclass(frozen=True)
 class FleetSnapshot:
     nodes: list[Count]

@@ -1,16 +1,14 @@
 """What exists while the control plane runs: settings, the database, node liveness."""
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controlplane.capacity.bookings import Placement
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache
 from controlplane.reads.answers import AnswerCache
 from controlplane.reads.workers import ReadWorkers
-from controlplane.services.call import Env
+from controlplane.services.call import Counters, Env, Uncounted
 from controlplane.storage.commits import CommitSignal
 from controlplane.storage.db import Store
 from controlplane.storage.leader import Leadership
@@ -29,13 +27,13 @@ class Runtime:
     commits: CommitSignal = field(default_factory=CommitSignal)  # long-polls wait on it (B2)
     leadership: Leadership = field(init=False)
     env: Env = field(init=False)  # what services use of this runtime
-    count_placement: Callable[[Placement], None] = lambda tried: None  # the app's metrics (M1)
+    counters: Counters = field(default_factory=Uncounted)  # the app's metrics (M1)
     # Long cached lists in other processes (B6); none unless the app gives them.
     workers: ReadWorkers = field(default_factory=ReadWorkers.disabled)
 
     def __post_init__(self) -> None:
         self.leadership = Leadership(self.config.db_path)
-        self.env = Env(self.liveness, self.credentials, self.config.attestors, self.count_placement)
+        self.env = Env(self.liveness, self.credentials, self.config.attestors, self.counters)
 
     @property
     def db(self) -> Store:

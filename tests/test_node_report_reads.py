@@ -16,8 +16,8 @@ CHANGED_REPORT_STATEMENTS = 12
 
 async def test_f8_a_changed_report_reads_its_node_once(api: Api) -> None:
     """F8: a report whose inventory changed reads its node row once in its transaction (the
-    credential's check), parses and hashes its inventory once, and runs a bounded number of
-    statements; the change is stored and reconciled in that same transaction (H5)."""
+    credential's check) and runs a bounded number of statements; the change is stored and
+    reconciled in that same transaction (H5)."""
     _, token = await pool_with_token(api, policy=DGX_POLICY)
     inventory = recorded("dgx-h100-01")
     node = await joined(api, token, inventory)

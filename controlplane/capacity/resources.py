@@ -92,7 +92,9 @@ def desired_rows(facts: HostFacts, pool_class: str, policy: Policy) -> dict[str,
     }
     if pool_class == "vps-host":
         disk_ratio = clamp_ratio(None if over is UNSET or over.diskGiB is UNSET else over.diskGiB)
-        rows["diskGiB"] = Row(_whole(Fraction(facts.disk_total_bytes, GIB), disk_ratio), disk_ratio)
+        rows.update(
+            diskGiB=Row(_whole(Fraction(facts.disk_total_bytes, GIB), disk_ratio), disk_ratio)
+        )
     # Every pool (seed 000): huge pages are the configured pages, never overcommitted.
     rows["hugepages2Mi"] = Row(facts.hugepages_2mi, 1.0)
     rows["hugepages1Gi"] = Row(facts.hugepages_1gi, 1.0)

@@ -7,9 +7,8 @@ at the start of every transaction of a mutation (the gate), so a service takes t
 decision saw in its own transaction and never reads it again.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from controlplane.capacity.bookings import Placement
 from controlplane.capacity.liveness import Liveness
@@ -23,6 +22,24 @@ Caller = Principal | NodeRow | None  # a tenant's credential, a node's, or none 
 Found = VisiblePool | ReservationRow | NodeRow | None
 
 
+class Counters(Protocol):
+    """Where services count what they decided, for the metrics above them (M1)."""
+
+    def placement(self, tried: Placement) -> None: ...
+
+    def unit_failed(self, pool_id: str, unit: str) -> None: ...
+
+
+class Uncounted:
+    """Counters that count nothing: services called without an app (tools, tests)."""
+
+    def placement(self, tried: Placement) -> None:
+        pass
+
+    def unit_failed(self, pool_id: str, unit: str) -> None:
+        pass
+
+
 @dataclass(frozen=True)
 class Env:
     """What services use of the running control plane beside the database."""
@@ -30,7 +47,7 @@ class Env:
     liveness: Liveness = field(default_factory=Liveness)
     credentials: CredentialCache = field(default_factory=CredentialCache)
     attestors: frozenset[str] = frozenset({"join-token"})  # P8: the join attestors served
-    count_placement: Callable[[Placement], None] = field(default=lambda tried: None)  # M1
+    counters: Counters = field(default_factory=Uncounted)  # M1: the app's metrics
 
 
 @dataclass(slots=True)

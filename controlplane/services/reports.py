@@ -10,7 +10,6 @@ from controlplane.capacity.admission import LOST, stable_digest
 from controlplane.capacity.nodes import Failed, reconcile_isolated
 from controlplane.capacity.states import back_from_lost, health_events, state_event
 from controlplane.iam.tokens import token_hash
-from controlplane.metrics import UNIT_FAILURES
 from controlplane.services.call import Call
 from controlplane.services.joining import inventory_fields
 from controlplane.storage import nodes as node_sql
@@ -98,7 +97,7 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
 
     reported, failed = await store.write(txn)
     for unit in failed:  # counted once committed
-        UNIT_FAILURES.labels(node.pool_id, unit).inc()
+        call.env.counters.unit_failed(node.pool_id, unit)
     return reported
 
 

@@ -168,7 +168,7 @@ async def create_reservation(store: Store, call: Call[ReservationsCreate]) -> Re
         res_sql.insert(db, row)
         count_used(db, row, 1, at)
         reservation_event(db, "created", row, pool.owner_tenant_id)
-        call.env.count_placement(place(db, row, pool))
+        call.env.counters.placement(place(db, row, pool))
         stored = res_sql.get(db, reservation_id)
         assert stored is not None
         return view(stored)

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from msgspec import Struct
 
+from controlplane.storage.types import policy_of, stored_policy
 from shared.inventory import Inventory
 from shared.nodespec import NodeSpecUnits
 
@@ -134,7 +135,7 @@ class NodeRow(Struct, frozen=True, kw_only=True, dict=True):
         # A decoded column is cached under its column's name (the properties above).
         row.__dict__.update((k, v) for k, v in self.__dict__.items() if k not in columns)
         if inventory is not None:
-            row.__dict__["inventory"] = inventory
+            row.__dict__.update(inventory=inventory)
         return row
 
 
@@ -160,8 +161,7 @@ class NodePool(Struct, frozen=True, kw_only=True, dict=True):
 
     @cached_property
     def policy(self) -> dict[str, Any]:
-        decoded: dict[str, Any] = msgspec.json.decode(self.policy_json)
-        return decoded
+        return policy_of(self.id, stored_policy(self.policy_json))
 
 
 POOL_COLUMNS = ("id", "version", "class", "sharing", "policy", "gpu_model", "owner_tenant_id")
