@@ -11,7 +11,7 @@ import structlog
 from aiohttp import web
 
 from controlplane.api import worker
-from controlplane.api.keys import METHODS, METRICS, OPENAPI, RUNTIME
+from controlplane.api.keys import METHODS, METRICS, OPENAPI, RUNTIME, SCHEMAS
 from controlplane.api.middleware import request_middleware
 from controlplane.api.openapi import openapi_document
 from controlplane.api.routes import ALL_METHODS, add_routes
@@ -36,6 +36,7 @@ def make_app(config: Config) -> web.Application:
     app[RUNTIME] = Runtime(config, workers=workers, counters=COUNTED)
     app[METRICS] = Metrics.create()
     app[METHODS] = methods
+    app[SCHEMAS] = {method.path: method.request for method in methods}
     app[OPENAPI] = msgspec.json.encode(openapi_document(methods, version("better-compute")))
     add_routes(app, methods)
     app.on_shutdown.append(_end_long_polls)

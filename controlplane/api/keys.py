@@ -11,4 +11,9 @@ RUNTIME = web.AppKey("runtime", Runtime)
 METRICS = web.AppKey("metrics", Metrics)
 METHODS = web.AppKey("methods", tuple)
 OPENAPI = web.AppKey("openapi", bytes)
+# Each method's request schema by path: the screen decodes a body once, with it.
+SCHEMAS = web.AppKey("schemas", dict)
+# What the screen made of the body: the decoded request, the schema's ValidationError (raised
+# after authentication), or None when the path is no method's.
+BODY: web.RequestKey[object] = web.RequestKey("body", object)
 CALLER: web.RequestKey[dict[str, Any]] = web.RequestKey("caller", dict)  # who calls, logged

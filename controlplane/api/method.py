@@ -7,10 +7,12 @@ from typing import Any, Literal
 import msgspec
 from aiohttp import web
 
-from controlplane.services.access import Access
+from controlplane.api.keys import BODY
 from controlplane.iam.decide import Principal
+from controlplane.services.access import Access
 from controlplane.services.call import Call
-from controlplane.storage.db import EVERY_SCOPE, Scope, Store
+from controlplane.storage.db import Store
+from controlplane.storage.migrations import EVERY_SCOPE, Scope
 from controlplane.storage.sql import Database
 from shared.errors import InvalidInput
 from shared.validation import field_of
@@ -80,12 +82,17 @@ class Method:
 async def parse_body(request: web.Request, schema: type[msgspec.Struct]) -> Any:
     """The body decoded and validated by its schema, or INVALID_INPUT naming the field.
 
-    The app's middleware has already read the body (at most 1 MiB) and refused (R2) one that
-    is not a UTF-8 JSON object nested at most 64 deep; the read here returns the bytes aiohttp
-    kept.
+    The app's middleware has already read the body (at most 1 MiB), refused (R2) one that
+    is not a UTF-8 JSON object nested at most 64 deep, and decoded it with this schema
+    (``BODY``): what it found is taken here, so a body is parsed once.
     """
+    screened = request.get(BODY)
+    if isinstance(screened, schema):
+        return screened
     try:
-        return msgspec.json.decode(await request.read(), type=schema)
+        if not isinstance(screened, msgspec.ValidationError):
+            return msgspec.json.decode(await request.read(), type=schema)
+        raise screened
     except msgspec.ValidationError as exc:
         field, message = field_of(exc)
         raise InvalidInput(message, field=field or None) from None

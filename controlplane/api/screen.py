@@ -2,11 +2,13 @@
 
 import itertools
 import re
+from typing import Any
 
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from controlplane.api.keys import BODY, SCHEMAS
 from controlplane.config import MAX_BODY_BYTES
 from shared.errors import InvalidInput, PayloadTooLarge
 from shared.ids import request_id as new_request_id
@@ -18,6 +20,7 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Content-Type values taken without parsing (what the CLI, the agent and aiohttp send).
 _JSON_TYPES = frozenset({JSON, "application/json; charset=utf-8", "application/json;charset=utf-8"})
 _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])  # checks the syntax, builds no values
+_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}  # one per method's request schema
 # A string, or an unclosed one to the end of the body: possessive, so a body of unclosed
 # strings is one linear scan (a pattern that must find the closing quote backtracks from
 # every quote to the end: quadratic, seconds of the event loop for 32 KB).
@@ -46,8 +49,13 @@ def json_depth(raw: bytes) -> int:
     return max(itertools.accumulate(memoryview(steps).cast("b")), default=0)
 
 
-def check_body(raw: bytes) -> None:
-    """R2: the body is UTF-8, JSON, nested at most MAX_DEPTH deep, and an object."""
+def check_body(raw: bytes, schema: type | None = None) -> object:
+    """R2: the body is UTF-8, JSON, nested at most MAX_DEPTH deep, and an object.
+
+    With its method's ``schema``, a good body is decoded once, here, and returned; one the
+    schema refuses has its JSON checked apart (R2's refusals come first) and the schema's
+    ``ValidationError`` is returned, for the method to raise after authentication.
+    """
     if not raw.isascii():
         try:
             raw.decode()
@@ -60,12 +68,29 @@ def check_body(raw: bytes) -> None:
         and json_depth(raw) > MAX_DEPTH
     ):
         raise InvalidInput(f"the body nests arrays or objects deeper than {MAX_DEPTH} levels")
+    if schema is not None:
+        try:
+            return _decoder(schema).decode(raw)
+        except msgspec.ValidationError as refused:
+            outcome: object = refused
+        except (msgspec.DecodeError, RecursionError):
+            raise InvalidInput("the body is not valid JSON") from None
+    else:
+        outcome = None
     try:
         _OBJECT.decode(raw)
     except msgspec.ValidationError:
         raise InvalidInput("the body is not a JSON object") from None
     except (msgspec.DecodeError, RecursionError):
         raise InvalidInput("the body is not valid JSON") from None
+    return outcome
+
+
+def _decoder(schema: type) -> msgspec.json.Decoder[Any]:
+    decoder = _DECODERS.get(schema)
+    if decoder is None:
+        decoder = _DECODERS[schema] = msgspec.json.Decoder(schema)
+    return decoder
 
 
 def is_json_type(value: str | None) -> bool:
@@ -120,7 +145,10 @@ async def screen(request: web.Request) -> None:
         raise InvalidInput("send one Authorization header", header="Authorization")
     if request.method != "POST" or request.match_info.http_exception is not None:
         return
-    check_body(await read_body(request))
+    route = request.match_info.route.resource
+    schemas = request.app.get(SCHEMAS, {})  # an app without methods (a test's) has none
+    schema = None if route is None else schemas.get(route.canonical)
+    request[BODY] = check_body(await read_body(request), schema)
     content_type = headers.get("Content-Type")
     if content_type not in _JSON_TYPES and not is_json_type(content_type):
         raise InvalidInput("send Content-Type: application/json", header="Content-Type")
