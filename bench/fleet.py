@@ -2,7 +2,7 @@
 
 Run it with ``make bench`` or directly::
 
-    .venv/bin/python bench/fleet.py [--quick] [--rounds 3] [--seconds 2] [--concurrency 32]
+    .venv/bin/python bench/fleet.py [--quick | --lists] [--rounds 3] [--seconds 2] [--concurrency 32]
 
 What it does, in one run:
 
@@ -51,6 +51,9 @@ What it does, in one run:
    bottleneck: the bare handler's rate is then the client's, and ratios to it read higher than
    wrk's, which leave the servers the CPU.
 
+``--lists`` runs (b)'s 1,000-pool list alone at 8 connections (fresh, cached, the bare
+handler beside them in each round) and prints fresh and cached req/s, each over the bare
+handler's, and cached over fresh (F8: at most 6 x).
 ``--quick`` runs small sizes (10 / 100 / 1,000 pools, 20,000 events; (c) loops the largest
 list) in short rounds. The servers and the client share the machine's cores: absolute figures
 depend on the host and on what else runs; the ratios to the bare handler measured in the same
@@ -127,6 +130,7 @@ RATIO_TARGET = 0.5  # pools/get and nodes/report at 32 connections, x the bare h
 LIST_POOLS = 1_000  # pools/list req/s at LIST_CONNECTIONS with this many pools visible
 LIST_CONNECTIONS = 8
 LIST_TARGET_RPS = 350.0  # 10 x OpenStack Placement's 15-35 req/s for 1,000 providers
+FRESH_TARGET = 6.0  # F8: a fresh 1,000-pool list at most this many times slower than a cached one
 PLACEMENT_REFERENCE = "15-35 req/s"
 P99_LOADED_TARGET = 3.0  # pools/get p99 while the biggest list loops, x unloaded
 EVENTS_TARGET_MS = 1.0
@@ -593,6 +597,7 @@ class Options:
     seconds: float
     concurrency: int
     clients: tuple[str, ...]
+    lists_only: bool = False  # (b)'s 1,000-pool list at 8 connections only, beside the bare one
 
 
 @dataclass
@@ -612,6 +617,9 @@ async def rounds(options: Options, bench: Bench, targets: Targets) -> dict[str, 
         print(f"round {number + 1}/{options.rounds}", file=sys.stderr, flush=True)
         # Each client goes first in turn, so neither always meets the machine first.
         for client in options.clients[number % 2 :] + options.clients[: number % 2]:
+            if options.lists_only:
+                await lists_at_eight(bench, targets, client)
+                continue
             # (a) ratios at c connections.
             for target in (targets.bare, targets.get, targets.get_hit, targets.report):
                 await bench.measure(f"{target.name} @{c}", target, c, client)
@@ -621,10 +629,7 @@ async def rounds(options: Options, bench: Bench, targets: Targets) -> dict[str, 
             for size, listing in targets.lists.items():
                 seconds = None if size == targets.biggest else short
                 await bench.measure(f"pools/list {size} @1", listing, 1, client, seconds)
-            if targets.list_hit is not None:
-                for target in (targets.bare, targets.lists[LIST_POOLS], targets.list_hit):
-                    label = f"{target.name} @{LIST_CONNECTIONS}"
-                    await bench.measure(label, target, LIST_CONNECTIONS, client)
+            await lists_at_eight(bench, targets, client)
             # (c) pools/get alone, then while another client loops the biggest list.
             await bench.measure("pools/get @1 alone", targets.get, 1, client)
             async with ListLooper(biggest) as looper:
@@ -637,6 +642,14 @@ async def rounds(options: Options, bench: Bench, targets: Targets) -> dict[str, 
         bench.api.check_alive()
         bench.bare.check_alive()
     return looped
+
+
+async def lists_at_eight(bench: Bench, targets: Targets, client: str) -> None:
+    """(b): the bare handler, then the 1,000-pool list fresh and cached, at 8 connections."""
+    if targets.list_hit is not None:
+        for target in (targets.bare, targets.lists[LIST_POOLS], targets.list_hit):
+            label = f"{target.name} @{LIST_CONNECTIONS}"
+            await bench.measure(label, target, LIST_CONNECTIONS, client)
 
 
 async def measure_all(
@@ -717,6 +730,8 @@ def per_round(a: Series, b: Series, attribute: str) -> list[float]:
 def figures(run: Run, options: Options) -> list[Figure]:
     bench, c = run.bench, options.concurrency
     found: list[Figure] = []
+    if options.lists_only:
+        return [f for client in options.clients for f in list_figures(bench, client)]
     for client in options.clients:
         bare_c = bench.get(f"bare @{c}", client)
         for name in ("pools/get", "pools/get" + HIT, "nodes/report"):
@@ -744,37 +759,8 @@ def figures(run: Run, options: Options) -> list[Figure]:
             found.append(
                 Figure("b", f"pools/list {size} pools: per pool", client, per_pool, "us", "", None)
             )
-        if LIST_POOLS not in options.sizes:
-            continue
-        bare8 = bench.get(f"bare @{LIST_CONNECTIONS}", client)
-        for name in (f"pools/list {LIST_POOLS}", f"pools/list {LIST_POOLS}{HIT}"):
-            listing = bench.get(f"{name} @{LIST_CONNECTIONS}", client)
-            rps = listing.spread("rps")
-            found.append(
-                Figure(
-                    "b",
-                    f"{name} req/s @{LIST_CONNECTIONS}",
-                    client,
-                    rps,
-                    "req/s",
-                    f">= {LIST_TARGET_RPS:g} (10 x Placement's {PLACEMENT_REFERENCE}, earlier)",
-                    rps.median >= LIST_TARGET_RPS,
-                    1,
-                )
-            )
-            ratio = Spread.of(per_round(listing, bare8, "rps"))
-            found.append(
-                Figure(
-                    "b",
-                    f"{name} req/s @{LIST_CONNECTIONS} / bare",
-                    client,
-                    ratio,
-                    "x",
-                    "",
-                    None,
-                    3,
-                )
-            )
+        if LIST_POOLS in options.sizes:
+            found += list_figures(bench, client)
     for client in options.clients:
         alone = bench.get("pools/get @1 alone", client)
         loaded = bench.get("pools/get @1 loaded", client)
@@ -830,6 +816,48 @@ def figures(run: Run, options: Options) -> list[Figure]:
                     3,
                 )
             )
+    return found
+
+
+def list_figures(bench: Bench, client: str) -> list[Figure]:
+    """(b) at 8 connections: the 1,000-pool list's req/s fresh and cached, each over the bare
+    handler's in the same round, and fresh over cached (F8: at most 6 x)."""
+    found = []
+    bare8 = bench.get(f"bare @{LIST_CONNECTIONS}", client)
+    fresh = bench.get(f"pools/list {LIST_POOLS} @{LIST_CONNECTIONS}", client)
+    cached = bench.get(f"pools/list {LIST_POOLS}{HIT} @{LIST_CONNECTIONS}", client)
+    for listing in (fresh, cached):
+        rps = listing.spread("rps")
+        name = listing.label.removesuffix(f" @{LIST_CONNECTIONS}")
+        found.append(
+            Figure(
+                "b",
+                f"{name} req/s @{LIST_CONNECTIONS}",
+                client,
+                rps,
+                "req/s",
+                f">= {LIST_TARGET_RPS:g} (10 x Placement's {PLACEMENT_REFERENCE}, earlier)",
+                rps.median >= LIST_TARGET_RPS,
+                1,
+            )
+        )
+        ratio = Spread.of(per_round(listing, bare8, "rps"))
+        found.append(
+            Figure("b", f"{name} req/s @{LIST_CONNECTIONS} / bare", client, ratio, "x", "", None, 3)
+        )
+    slower = Spread.of(per_round(cached, fresh, "rps"))
+    found.append(
+        Figure(
+            "b",
+            f"pools/list {LIST_POOLS}: cached req/s / fresh",
+            client,
+            slower,
+            "x",
+            f"<= {FRESH_TARGET:g}",
+            slower.median <= FRESH_TARGET,
+            2,
+        )
+    )
     return found
 
 
@@ -914,6 +942,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="both",
         help="which load clients (both: wrk when installed, and aiohttp)",
     )
+    parser.add_argument(
+        "--lists",
+        action="store_true",
+        help=f"only (b)'s {LIST_POOLS}-pool list, fresh and cached, at {LIST_CONNECTIONS} "
+        "connections beside the bare handler (sizes: 1000 and no events unless given)",
+    )
     parser.add_argument("--loop-list", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -922,13 +956,23 @@ def options_of(args: argparse.Namespace) -> Options:
     sizes = (
         tuple(int(n) for n in args.sizes.split(","))
         if args.sizes
+        else (LIST_POOLS,)
+        if args.lists
         else QUICK_SIZES
         if args.quick
         else FULL_SIZES
     )
     if not sizes or min(sizes) < 1 or len(set(sizes)) != len(sizes):
         raise SetupError(f"--sizes: distinct positive counts, not {args.sizes!r}")
-    events = args.events if args.events is not None else QUICK_EVENTS if args.quick else FULL_EVENTS
+    events = (
+        args.events
+        if args.events is not None
+        else 0
+        if args.lists
+        else QUICK_EVENTS
+        if args.quick
+        else FULL_EVENTS
+    )
     has_wrk = wrk_path() is not None
     if args.client == "wrk" and not has_wrk:
         raise SetupError("--client wrk: wrk is not installed (apt-get install wrk)")
@@ -948,6 +992,7 @@ def options_of(args: argparse.Namespace) -> Options:
         seconds=seconds,
         concurrency=args.concurrency,
         clients=clients,
+        lists_only=args.lists,
     )
 
 

@@ -248,7 +248,7 @@ def test_b1_list_pages_walk_an_index_from_the_cursor_and_sort_nothing(tmp_path: 
             "sites_owner_page (owner_tenant_id=? AND id>?)": lambda db: sites.list_sites(
                 db, "acme", "site_x", 101
             ),
-            "PRIMARY KEY (tenant_id=? AND pool_id>?)": lambda db: pools.visible_pools(
+            "PRIMARY KEY (tenant_id=? AND pool_id>?)": lambda db: pools.visible_pool_rows(
                 db, "acme", pool, 101
             ),
             "nodes_pool_page (pool_id=? AND id>?)": lambda db: (

@@ -10,10 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from controlplane.reads import workers
 from controlplane.api.keys import RUNTIME
 from controlplane.app import make_app
 from controlplane.config import Config
+from controlplane.reads import workers
 from controlplane.services import pools as pool_service
 from controlplane.storage.db import Store, generation
 from tests.conftest import Api
@@ -27,7 +27,7 @@ async def test_b6_a_list_blocked_in_its_read_does_not_delay_other_requests(
     site = await api.site()
     pool = await api.pool(site)
     inside, release = threading.Event(), threading.Event()
-    visible_pools = pool_service.pool_sql.visible_pools
+    visible_pools = pool_service.pool_sql.visible_pool_rows
 
     def slow_visible_pools(db: Any, tenant_id: str, *args: Any, **kwargs: Any) -> Any:
         if tenant_id == "root" and not release.is_set():
@@ -35,7 +35,7 @@ async def test_b6_a_list_blocked_in_its_read_does_not_delay_other_requests(
             assert release.wait(20), "the test never released the read"
         return visible_pools(db, tenant_id, *args, **kwargs)
 
-    monkeypatch.setattr(pool_service.pool_sql, "visible_pools", slow_visible_pools)
+    monkeypatch.setattr(pool_service.pool_sql, "visible_pool_rows", slow_visible_pools)
     listing = asyncio.create_task(api.ok("compute/pools/list", {"tenantId": "root"}))
     assert await asyncio.to_thread(inside.wait, 10)
     try:

@@ -51,7 +51,7 @@ def test_a_pool_whose_policy_no_longer_parses_still_loads() -> None:
     assert pool.model is None
     assert pool.policy == {"replicas": 99, "admission": {"budgetCheck": "meter"}}
     assert pool.replicas == 99 and pool.budget_check == "meter"
-    changed = msgspec.structs.replace(pool, policy={"replicas": 2})
+    changed = msgspec.structs.replace(pool, policy_json='{"replicas": 2}')
     assert changed.model is not None and changed.replicas == 2  # no stale cached model
 
 

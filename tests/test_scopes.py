@@ -8,9 +8,9 @@ from typing import Any
 import msgspec
 
 from controlplane.api.keys import RUNTIME
+from controlplane.services.views import POOL_VIEW
 from controlplane.storage.db import Store, generation
 from controlplane.storage.migrations import SCOPED_TABLES
-from controlplane.services.views import POOL_VIEW
 from tests.conftest import Api, execute
 from tests.nodes import DGX_POLICY, held, joined, pool_with_token, recorded, report
 
@@ -89,8 +89,9 @@ async def test_f8_offers_quotas_and_updates_drop_cached_pool_answers(api: Api) -
         await api.ok("compute/pools/get", get)
         await api.ok("compute/pools/list", listing, acme)  # both cached now
         hits = answers.hits
-        shown = await api.ok("compute/pools/get", get), await api.ok(
-            "compute/pools/list", listing, acme
+        shown = (
+            await api.ok("compute/pools/get", get),
+            await api.ok("compute/pools/list", listing, acme),
         )
         return shown, hits
 

@@ -6,6 +6,7 @@ Each node shows its state and why (H1), whether the placer may book on it
 
 from typing import Any
 
+import msgspec
 from msgspec import UNSET
 
 from controlplane.capacity.admission import READY
@@ -18,6 +19,7 @@ from controlplane.storage import pools as pool_sql
 from controlplane.storage.node_types import NodeRow
 from controlplane.storage.sql import Database
 from shared.errors import NotFound
+from shared.inventory import Inventory
 from shared.schemas import (
     CordonView,
     DeviceView,
@@ -60,7 +62,7 @@ def views(db: Database, nodes: list[NodeRow], liveness: Liveness) -> list[NodeVi
             )
     found = []
     for node in nodes:
-        inventory = node.inventory
+        inventory, applied = readable(node)
         gpus = inventory.gpus if inventory else []
         found.append(
             NodeView(
@@ -94,7 +96,7 @@ def views(db: Database, nodes: list[NodeRow], liveness: Liveness) -> list[NodeVi
                 schedulable=schedulable(node),
                 cordon=cordon_of(node),
                 drain=drain_of(node),
-                applied=node.applied,
+                applied=applied,
             )
         )
     return found
@@ -117,6 +119,21 @@ def drain_of(node: NodeRow) -> DrainView | None:
         started_at=node.drain_started_at,
         deadline=node.drain_deadline,
     )
+
+
+def readable(node: NodeRow) -> tuple[Inventory | None, dict[str, Any] | None]:
+    """The inventory and the last apply report as a view shows them: None where the stored
+    value no longer decodes (a damaged row still answers; the reconciler quarantines the node
+    with the reason, R5)."""
+    try:
+        inventory = node.inventory
+    except msgspec.MsgspecError:
+        inventory = None
+    try:
+        applied = node.applied
+    except msgspec.MsgspecError:
+        applied = None
+    return inventory, applied
 
 
 def schedulable(node: NodeRow) -> bool:

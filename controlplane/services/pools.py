@@ -10,20 +10,19 @@ import msgspec
 from msgspec import UNSET
 
 from controlplane.iam.decide import decide
-from controlplane.services.access import authz_attrs, owned_pool, visible_pool
+from controlplane.services.access import owned_pool, visible_pool
 from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
 from controlplane.services.quotas import drop_to_in_use, grant
-from controlplane.services.views import offers_by_pool, pool_view
+from controlplane.services.views import offers_by_pool, pool_view, pool_views
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
-from controlplane.storage.ledger_types import QuotaRow
 from controlplane.storage.sql import Database
-from controlplane.storage.types import PoolRow
+from controlplane.storage.types import PoolRow, authz_at
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound
 from shared.ids import derived_id, new_id
 from shared.policy import POOL_POLICY_VALIDATORS, Policy, validate_policy
@@ -185,31 +184,26 @@ def list_pools(db: Database, call: Call[PoolsList]) -> PoolList:
     A page costs the same few reads whatever its size: its quota rows, the owner's offers."""
     principal, req = call.principal, call.body
     limit = None if req.limit is UNSET else req.limit
+    after = position(db, scope("pools", req), req.cursor)
     found, cursor = page(
         db,
         scope("pools", req),
-        pool_sql.visible_pools(
-            db,
-            req.tenant_id,
-            position(db, scope("pools", req), req.cursor),
-            None if limit is None else limit + 1,
-        ),
+        pool_sql.visible_pool_rows(db, req.tenant_id, after, None if limit is None else limit + 1),
         limit,
-        lambda pool: pool.id,
+        lambda row: str(row[0]),
     )
-    pools = [
-        pool
-        for pool in found
-        if decide(principal, "compute:pools:read", "compute-pool", authz_attrs(pool))
-    ]
-    quotas: dict[str, list[QuotaRow]] = {pool.id: [] for pool in pools}
-    for row in quota_sql.quota_rows(db, req.tenant_id, quotas):
-        quotas[row.pool_id].append(row)
-    offers = offers_by_pool(db, [p.id for p in pools if p.owner_tenant_id == req.tenant_id])
-    return PoolList(
-        items=[pool_view(db, p, req.tenant_id, quotas[p.id], offers.get(p.id)) for p in pools],
-        next=cursor,
+    rows = (
+        found
+        if principal.is_admin  # its tenant's admin reads every pool it sees: no attributes
+        else [
+            row
+            for row in found
+            if decide(principal, "compute:pools:read", "compute-pool", authz_at(row).attrs())
+        ]
     )
+    figures = quota_sql.quota_figures(db, req.tenant_id, after, rows[-1][0]) if rows else []
+    offers = offers_by_pool(db, [row[0] for row in rows if row[1] == req.tenant_id])
+    return PoolList(items=pool_views(rows, req.tenant_id, figures, offers), next=cursor)
 
 
 def pool_capacity(db: Database, call: Call[PoolsCapacity]) -> CapacityList:

@@ -1,14 +1,14 @@
 """Building answers from rows: a pool as one tenant sees it, quota rows, offers."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
-from controlplane.storage.db import Scope
 from controlplane.storage.ledger_types import QuotaRow as StoredQuota
+from controlplane.storage.migrations import Scope
 from controlplane.storage.sql import Database
-from controlplane.storage.types import PoolRow
+from controlplane.storage.types import POOL_COLUMNS, PoolRow, stored_policy
 from shared.schemas import OfferView, PoolView, QuotaRow
 
 # F8: what a pool view (and a quota row) shows: the catalog's rows, and the quota figures in
@@ -17,13 +17,18 @@ POOL_VIEW: tuple[Scope, ...] = ("catalog", "usage")
 
 
 def quota_row(row: StoredQuota) -> QuotaRow:
+    return figures_row(row.tenant_id, row.pool_id, row.resource, row.max, row.used)
+
+
+def figures_row(tenant_id: str, pool_id: str, resource: str, maximum: int, used: int) -> QuotaRow:
+    """A quota row as answers show it: its maximum, what is in use and what is left."""
     return QuotaRow(
-        tenant_id=row.tenant_id,
-        pool_id=row.pool_id,
-        resource=row.resource,
-        max=row.max,
-        used=row.used,
-        available=max(0, row.max - row.used),
+        tenant_id=tenant_id,
+        pool_id=pool_id,
+        resource=resource,
+        max=maximum,
+        used=used,
+        available=max(0, maximum - used),
     )
 
 
@@ -55,11 +60,11 @@ def policy_for(policy: dict[str, Any], owned: bool) -> dict[str, Any]:
     """The policy as the caller may see it: an offered tenant does not get the owner's secrets."""
     if owned:
         return policy
-    shown = dict(policy)
     for section, key in SECRET_POLICY_FIELDS:
-        if isinstance(shown.get(section), dict) and key in shown[section]:
-            shown[section] = {k: v for k, v in shown[section].items() if k != key}
-    return shown
+        found = policy.get(section)
+        if isinstance(found, dict) and key in found:
+            policy = {**policy, section: {k: v for k, v in found.items() if k != key}}
+    return policy
 
 
 def pool_view(
@@ -82,7 +87,7 @@ def pool_view(
         gpu_model=pool.gpu_model,
         sharing=pool.sharing,
         agent=pool.agent,
-        policy=policy_for(pool.policy, owned),
+        policy=policy_for(pool.stored_policy or {}, owned),  # a damaged one shows as {}
         version=pool.version,
         owned=owned,
         archived=pool.archived_at is not None,
@@ -95,3 +100,46 @@ def pool_view(
         if pool.provider_account_id is not None:
             view.provider_account_id = pool.provider_account_id
     return view
+
+
+def pool_views(
+    rows: Sequence[Sequence[Any]],
+    tenant_id: str,
+    figures: Iterable[tuple[str, str, int, int]],
+    offers: Mapping[str, list[OfferView]],
+) -> list[PoolView]:
+    """``pool_view`` of a page of pools/list, built straight from its rows (F8): the
+    visible-pool rows (storage.pools), the tenant's quota ``figures`` on them (pool,
+    resource, max, used, in order) and the owned pools' ``offers``; no typed row between."""
+    quotas: dict[str, list[QuotaRow]] = {}
+    for pool_id, resource, maximum, used in figures:
+        quotas.setdefault(pool_id, []).append(
+            figures_row(tenant_id, pool_id, resource, maximum, used)
+        )
+    views = []
+    for row in rows:
+        (pool_id, owner, site, pool_class, gpu_model, sharing, agent, policy, provider) = row[:9]
+        (version, archived_at, created_at, updated_at) = row[9:POOL_COLUMNS]
+        owned = owner == tenant_id
+        view = PoolView(
+            id=pool_id,
+            owner_tenant_id=owner,
+            site_id=site,
+            pool_class=pool_class,
+            gpu_model=gpu_model,
+            sharing=sharing,
+            agent=agent,
+            policy=policy_for(stored_policy(policy) or {}, owned),
+            version=version,
+            owned=owned,
+            archived=archived_at is not None,
+            quotas=quotas.get(pool_id, []),
+            created_at=created_at,
+            updated_at=updated_at,
+        )
+        if owned:
+            view.offers = offers.get(pool_id, [])
+            if provider is not None:
+                view.provider_account_id = provider
+        views.append(view)
+    return views

@@ -74,16 +74,20 @@ def authz_row_exists(db: Database, tenant_id: str, pool_id: str) -> bool:
     return found is not None
 
 
-def visible_pools(db: Database, tenant_id: str, after: str, limit: int | None) -> list[VisiblePool]:
+def visible_pool_rows(
+    db: Database, tenant_id: str, after: str, limit: int | None
+) -> list[tuple[Any, ...]]:
     """Pools with an authz row for the tenant (owned, or offered and not archived), in id order
     after ``after``, at most ``limit`` (None: all): a walk of the tenant's authz rows' primary
-    key from the cursor (B1)."""
+    key from the cursor (B1). As the statement gives them (``visible_pool_of`` reads one): a
+    page of pools/list is built straight from its rows (F8)."""
     sql = _WITH_AUTHZ + " AND a.pool_id > ? ORDER BY a.pool_id"
     params: list[Any] = [tenant_id, after]
     if limit is not None:
         sql += " LIMIT ?"
         params.append(limit)
-    return [visible_pool_of(row) for row in db.execute(sql, params)]
+    found: list[tuple[Any, ...]] = db.execute(sql, params).fetchall()
+    return found
 
 
 def attrs_for(db: Database, tenant_id: str, pool_ids: Iterable[str]) -> dict[str, PoolAuthz]:

@@ -45,6 +45,20 @@ def pool_quota_rows(db: Database, pool_ids: Sequence[str]) -> list[QuotaRow]:
     return [QuotaRow.from_row(row) for row in found]
 
 
+def quota_figures(
+    db: Database, tenant_id: str, after: str, through: str
+) -> list[tuple[str, str, int, int]]:
+    """The tenant's quota rows on pools after ``after`` up to ``through``, as ``(pool_id,
+    resource, max, used)`` in that order: a page of pools/list's figures, by position (a walk
+    of the tenant's quotas index)."""
+    found: list[tuple[str, str, int, int]] = db.execute(
+        "SELECT pool_id, resource, max, used FROM quotas "
+        "WHERE tenant_id = ? AND pool_id > ? AND pool_id <= ? ORDER BY pool_id, resource",
+        [tenant_id, after, through],
+    ).fetchall()
+    return found
+
+
 def visible_quota_rows(
     db: Database, tenant_id: str, pool_id: str | None, after: tuple[str, str], limit: int
 ) -> list[QuotaRow]:

@@ -1,11 +1,14 @@
 """Typed rows of the tables the services read most: a pool (its policy decoded once, its
 typed model parsed once), a pool with the tenant's authz row, and a reservation.
 
-A stored policy is kept as its raw object (P9: unknown fields stay as given). Its typed
-model is parsed on first use and cached; a policy that no longer parses (a model grown
-stricter since it was stored) still loads, with ``model`` None, so that the reconciler
-can quarantine the pool's nodes (R5). The policy accessors read the model when it
-parses and fall back to the raw object when it does not, as readers did before.
+A stored policy is kept as its stored text (P9: unknown fields stay as given), decoded on
+first use and cached: a row whose policy column no longer decodes as a JSON object (a
+damaged row) still loads, and only a step that needs the policy itself fails, with
+INVALID_STATE naming it (the reconciler quarantines the pool's nodes with that reason, R5);
+a view shows such a policy as ``{}``. Its typed model is parsed on first use and cached; a
+policy that no longer parses (a model grown stricter since it was stored, or damaged)
+still loads, with ``model`` None. The policy accessors read the model when it parses and
+fall back to the stored object (nothing, when damaged) when it does not.
 A reservation's ``resources`` is likewise decoded on first read, so that one bad row
 fails only its own step of the placer's pass (R5).
 """
@@ -17,7 +20,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, Struct
 
-from shared.errors import InvalidInput
+from shared.errors import InvalidInput, InvalidState
 from shared.policy import Policy, parse_policy
 
 
@@ -31,7 +34,7 @@ class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
     gpu_model: str | None
     sharing: str
     agent: str
-    policy: dict[str, Any]  # the stored object, as given
+    policy_json: str  # the ``policy`` column as stored
     provider_account_id: str | None
     version: int
     archived_at: str | None
@@ -39,19 +42,39 @@ class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
     updated_at: str
 
     @cached_property
+    def stored_policy(self) -> dict[str, Any] | None:
+        """The stored policy object, decoded once; None when the column no longer decodes as
+        a JSON object (a damaged row)."""
+        return stored_policy(self.policy_json)
+
+    @property
+    def policy(self) -> dict[str, Any]:
+        """The stored policy object, as given (P9); INVALID_STATE naming it when damaged, so
+        that only the step that needs it fails (R5)."""
+        return policy_of(self.id, self.stored_policy)
+
+    @cached_property
     def model(self) -> Policy | None:
         """The typed policy, parsed once; None when the stored policy no longer parses (R5)."""
+        found = self.stored_policy
+        if found is None:
+            return None
         try:
-            return parse_policy(self.policy)
+            return parse_policy(found)
         except InvalidInput:
             return None
+
+    @property
+    def _raw(self) -> dict[str, Any]:
+        """What the accessors fall back to when the model does not parse."""
+        return self.stored_policy or {}
 
     @property
     def replicas(self) -> int:
         """Time-slice replicas per GPU (1 when the policy sets none)."""
         model = self.model
         if model is None:
-            return int(self.policy.get("replicas", 1))
+            return int(self._raw.get("replicas", 1))
         return 1 if model.replicas is UNSET else model.replicas
 
     @property
@@ -59,7 +82,7 @@ class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
         """How long a reservation may wait unplaced (``maxPending``), as written."""
         model = self.model
         if model is None:
-            raw = self.policy.get("maxPending")
+            raw = self._raw.get("maxPending")
             return None if raw is None else str(raw)
         return None if model.maxPending is UNSET else model.maxPending
 
@@ -67,7 +90,7 @@ class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
     def single_tenant(self) -> bool:
         model = self.model
         if model is None:
-            return self.policy.get("singleTenant") is True
+            return self._raw.get("singleTenant") is True
         return model.singleTenant is True
 
     @property
@@ -75,7 +98,7 @@ class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
         """The attestors a node may join with (``join-token`` when the policy names none)."""
         model = self.model
         if model is None:
-            return list(self.policy.get("joinAttestors") or ["join-token"])
+            return list(self._raw.get("joinAttestors") or ["join-token"])
         return ["join-token"] if model.joinAttestors is UNSET else list(model.joinAttestors)
 
     @property
@@ -83,7 +106,7 @@ class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
         """``admission.budgetCheck``: ``meter`` when admission checks the GPU-hour budget."""
         model = self.model
         if model is None:
-            check = (self.policy.get("admission") or {}).get("budgetCheck")
+            check = (self._raw.get("admission") or {}).get("budgetCheck")
             return None if check is None else str(check)
         if model.admission is UNSET or model.admission.budgetCheck is UNSET:
             return None
@@ -141,17 +164,51 @@ class ReservationRow(Struct, frozen=True, kw_only=True, dict=True):
         return msgspec.json.decode(self.resources_json, type=dict[str, int])
 
 
+def stored_policy(text: str) -> dict[str, Any] | None:
+    """A stored policy column as its object; None when it no longer decodes as one."""
+    try:
+        found = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def policy_of(pool_id: str, stored: dict[str, Any] | None) -> dict[str, Any]:
+    """A pool's decoded policy (``stored_policy``), or INVALID_STATE naming the pool's policy
+    when it is damaged: the reason its nodes are quarantined with (R5)."""
+    if stored is None:
+        raise InvalidState(
+            f"pool {pool_id}: its stored policy no longer decodes as a JSON object",
+            field="policy",
+        )
+    return stored
+
+
 def pool_row(row: Mapping[str, Any]) -> PoolRow:
     return PoolRow(**_pool_fields(row))
 
 
+# A row of ``storage.pools``'s visible-pool statement: the pool's columns in table order
+# (``POOL_COLUMNS`` of them), then the tenant's authz row (``authz_at``).
+POOL_COLUMNS = 13
+
+
+def authz_at(row: Sequence[Any]) -> PoolAuthz:
+    """The tenant's authz columns of a visible-pool row."""
+    gpu_model, pool_class, sharing, region, owned = row[POOL_COLUMNS:]
+    return PoolAuthz(
+        gpu_model=gpu_model,
+        pool_class=pool_class,
+        sharing=sharing,
+        region=region,
+        owned=bool(owned),
+    )
+
+
 def visible_pool_of(row: Sequence[Any]) -> VisiblePool:
-    """A row of ``storage.pools``'s visible-pool statement: the pool's columns in table order,
-    then the tenant's authz columns. By position, no dict per row: a 1,000-pool list reads
-    1,000 of them."""
+    """A row of ``storage.pools``'s visible-pool statement, by position: no dict per row."""
     (pool_id, owner, site, pool_class, gpu_model, sharing, agent, policy, provider) = row[:9]
-    (version, archived_at, created_at, updated_at) = row[9:13]
-    authz_gpu_model, authz_class, authz_sharing, authz_region, authz_owned = row[13:18]
+    (version, archived_at, created_at, updated_at) = row[9:POOL_COLUMNS]
     return VisiblePool(
         id=pool_id,
         owner_tenant_id=owner,
@@ -160,19 +217,13 @@ def visible_pool_of(row: Sequence[Any]) -> VisiblePool:
         gpu_model=gpu_model,
         sharing=sharing,
         agent=agent,
-        policy=msgspec.json.decode(policy),
+        policy_json=policy,
         provider_account_id=provider,
         version=version,
         archived_at=archived_at,
         created_at=created_at,
         updated_at=updated_at,
-        authz=PoolAuthz(
-            gpu_model=authz_gpu_model,
-            pool_class=authz_class,
-            sharing=authz_sharing,
-            region=authz_region,
-            owned=bool(authz_owned),
-        ),
+        authz=authz_at(row),
     )
 
 
@@ -196,7 +247,7 @@ def _pool_fields(row: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_model": row["gpu_model"],
         "sharing": row["sharing"],
         "agent": row["agent"],
-        "policy": msgspec.json.decode(row["policy"]),
+        "policy_json": row["policy"],
         "provider_account_id": row["provider_account_id"],
         "version": row["version"],
         "archived_at": row["archived_at"],
