@@ -188,7 +188,13 @@ def list_pools(db: Database, call: Call[PoolsList]) -> PoolList:
     found, cursor = page(
         db,
         scope("pools", req),
-        pool_sql.visible_pool_rows(db, req.tenant_id, after, None if limit is None else limit + 1),
+        pool_sql.visible_pool_rows(
+            db,
+            req.tenant_id,
+            after,
+            None if limit is None else limit + 1,
+            authz=not principal.is_admin,  # its tenant's admin decides on no attributes
+        ),
         limit,
         lambda row: str(row[0]),
     )

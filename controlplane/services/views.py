@@ -117,10 +117,15 @@ def pool_views(
             figures_row(tenant_id, pool_id, resource, maximum, used)
         )
     views = []
+    # Pools made from one template share their policy text: decoded (and stripped) once.
+    policies: dict[tuple[str, bool], dict[str, Any]] = {}
     for row in rows:
         (pool_id, owner, site, pool_class, gpu_model, sharing, agent, policy, provider) = row[:9]
         (version, archived_at, created_at, updated_at) = row[9:POOL_COLUMNS]
         owned = owner == tenant_id
+        shown = policies.get((policy, owned))
+        if shown is None:
+            shown = policies[policy, owned] = policy_for(stored_policy(policy) or {}, owned)
         view = PoolView(
             id=pool_id,
             owner_tenant_id=owner,
@@ -129,7 +134,7 @@ def pool_views(
             gpu_model=gpu_model,
             sharing=sharing,
             agent=agent,
-            policy=policy_for(stored_policy(policy) or {}, owned),
+            policy=shown,
             version=version,
             owned=owned,
             archived=archived_at is not None,
