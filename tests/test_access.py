@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from controlplane.api.method import Method
 from controlplane.api.keys import RUNTIME
+from controlplane.api.method import Method
 from controlplane.api.routes import ALL_METHODS
 from controlplane.services.access import Access
 from tests.conftest import Api, all_tables, execute
