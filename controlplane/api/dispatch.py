@@ -102,12 +102,15 @@ def run_read(
     request: MutableMapping[Any, Any],
     runtime: Runtime,
     body: Any,
+    identified: Principal | None = None,
 ) -> Callable[[Database], tuple[int, msgspec.Struct, bytes]]:
-    """The read as one function of its transaction: who calls, the decision, the answer and
-    its encoding (on a reader thread too, for an offloaded one), and the generation it saw."""
+    """The read as one function of its transaction: who calls (``identified``: the caller a
+    cache check just identified, not looked up again), the decision, the answer and its
+    encoding (on a reader thread too, for an offloaded one), and the generation it saw."""
 
     def run(db: Database) -> tuple[int, msgspec.Struct, bytes]:
-        call = Call(identify(method, db, token, request, runtime), body, runtime.env)
+        caller = identified or identify(method, db, token, request, runtime)
+        call = Call(caller, body, runtime.env)
         decide(db, method, call)
         made_at = generation(db, read.scopes) if read.cached else 0
         answer = read.fn(db, call)
@@ -124,7 +127,7 @@ async def answer_read(
     something or its time is up (B2)."""
     store = runtime.db
     body = await parse_body(request, method.request)
-    key = None
+    key, identified = None, None
     if read.cached:
         # The credential is live, then the state a cached answer must have been made at.
         def check(db: Database) -> tuple[Caller, int]:
@@ -133,6 +136,7 @@ async def answer_read(
         caller, now_at = await on_reader(store, check)
         assert isinstance(caller, Principal), "a cached read is a credential's"
         key = (method.path, caller.credential_id, await request.read())
+        identified = caller  # a miss reads as this caller: identified once
         hit = runtime.answers.get(key, now_at)
         if hit is not None:
             return hit  # made at this generation, for this credential and body, after its decision
@@ -151,7 +155,7 @@ async def answer_read(
     while True:
         # Before reading: a commit after this is news to this read.
         seen = runtime.commits.position(waits_for)
-        run = run_read(method, read, token, request, runtime, body)
+        run = run_read(method, read, token, request, runtime, body, identified)
         if read.offload:
             started = time.perf_counter()
             made_at, answer, encoded = await store.read(run)
