@@ -9,7 +9,6 @@ import msgspec
 import pytest
 
 from controlplane.api.answer import encode_answer
-from controlplane.api.keys import RUNTIME
 from controlplane.services.views import pool_view
 from controlplane.storage import pools as pool_sql
 from controlplane.storage.db import Store
@@ -141,29 +140,3 @@ def test_r5_a_damaged_policy_fails_only_the_step_that_needs_it() -> None:
     assert refused.value.details == {"field": "policy"}
     shown: Any = pool_view(None, pool, "t1", quotas=[], offers=[])  # type: ignore[arg-type]
     assert isinstance(shown, PoolView) and shown.policy == {}
-
-
-async def test_f8_a_pool_s_encoded_view_is_made_again_only_when_it_changes(
-    api: Api, db: Path | str
-) -> None:
-    """F8: a fresh pools/list encodes only the pools whose view changed since a list last
-    showed them (its row, the tenant's quotas on it, its offers), and its bytes are still the
-    typed views' after each change."""
-    site = await api.site()
-    await api.tenant("acme")
-    pools = [(await api.pool(site))["id"] for _ in range(4)]
-    for pool in pools:
-        await api.offer(pool, "acme", {"gpu": 2})
-    acme = await api.token_for("acme")
-    fragments = api.client.app[RUNTIME].env.pool_fragments
-    first = await listed(api, "acme", acme)
-    assert first == typed_list(db, "acme", pools)
-    built = fragments.built
-    await api.offer(pools[1], "acme", {"gpu": 5})  # acme's quota on one pool
-    await api.ok(
-        "compute/pools/update", {"tenantId": "root", "poolId": pools[2], "policy": {"z": 1}}
-    )
-    again = await listed(api, "acme", acme)
-    assert again == typed_list(db, "acme", pools)
-    assert again != first
-    assert fragments.built == built + 2  # the two pools that changed, no other

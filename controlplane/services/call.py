@@ -14,7 +14,6 @@ from controlplane.capacity.bookings import Placement
 from controlplane.capacity.liveness import Liveness
 from controlplane.iam.cache import CredentialCache
 from controlplane.iam.decide import Principal
-from controlplane.services.views import PoolFragments
 from controlplane.storage.node_types import NodeRow
 from controlplane.storage.types import ReservationRow, VisiblePool
 
@@ -49,8 +48,6 @@ class Env:
     credentials: CredentialCache = field(default_factory=CredentialCache)
     attestors: frozenset[str] = frozenset({"join-token"})  # P8: the join attestors served
     counters: Counters = field(default_factory=Uncounted)  # M1: the app's metrics
-    # F8: pools' encoded views by what they are made of, kept while the runtime runs
-    pool_fragments: PoolFragments = field(default_factory=PoolFragments)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from controlplane.services.access import owned_pool, visible_pool
 from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
 from controlplane.services.quotas import drop_to_in_use, grant
-from controlplane.services.views import EncodedPoolList, offers_by_pool, pool_view
+from controlplane.services.views import offers_by_pool, pool_view, pool_views
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
@@ -30,6 +30,7 @@ from shared.policy.model import policy_warnings
 from shared.schemas import (
     CapacityList,
     CapacityRow,
+    PoolList,
     PoolsArchive,
     PoolsCapacity,
     PoolsCreate,
@@ -177,7 +178,7 @@ def get_pool(db: Database, call: Call[PoolsGet]) -> PoolView:
     return pool_view(db, pool, req.tenant_id)
 
 
-def list_pools(db: Database, call: Call[PoolsList]) -> EncodedPoolList:
+def list_pools(db: Database, call: Call[PoolsList]) -> PoolList:
     """L1, B1: owned or offered pools in id order, each decided as compute:pools:read on the
     pool; without limit every pool, else a page whose cursor moves past the pools left out.
     A page costs the same few reads whatever its size: its quota rows, the owner's offers."""
@@ -208,8 +209,7 @@ def list_pools(db: Database, call: Call[PoolsList]) -> EncodedPoolList:
     )
     figures = quota_sql.quota_figures(db, req.tenant_id, after, rows[-1][0]) if rows else []
     offers = offers_by_pool(db, [row[0] for row in rows if row[1] == req.tenant_id])
-    items = call.env.pool_fragments.page(rows, req.tenant_id, figures, offers)
-    return EncodedPoolList(items=items, next=cursor)
+    return PoolList(items=pool_views(rows, req.tenant_id, figures, offers), next=cursor)
 
 
 def pool_capacity(db: Database, call: Call[PoolsCapacity]) -> CapacityList:

@@ -3,8 +3,6 @@
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import msgspec
-
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
 from controlplane.storage.ledger_types import QuotaRow as StoredQuota
@@ -12,7 +10,6 @@ from controlplane.storage.migrations import Scope
 from controlplane.storage.sql import Database
 from controlplane.storage.types import POOL_COLUMNS, PoolRow, stored_policy
 from shared.schemas import OfferView, PoolView, QuotaRow
-from shared.schemas.common import Answer
 
 # F8: what a pool view (and a quota row) shows: the catalog's rows, and the quota figures in
 # use that bookings move. Node reports move neither, so they keep cached pool answers.
@@ -103,66 +100,6 @@ def pool_view(
         if pool.provider_account_id is not None:
             view.provider_account_id = pool.provider_account_id
     return view
-
-
-class EncodedPoolList(Answer):
-    """A pools/list answer whose items are already encoded (``PoolFragments``): on the wire,
-    the same bytes as ``PoolList`` with those views."""
-
-    items: list[msgspec.Raw]
-    next: str | None
-
-
-FragmentKey = tuple[str, tuple[Any, ...], tuple[tuple[str, int, int], ...], bytes]
-
-
-class PoolFragments:
-    """Each pool's encoded view as one tenant sees it, keyed by all it is made of: the pool's
-    row, the tenant's quota figures on it and (for its owner) its offers. A fresh pools/list
-    then builds and encodes only the pools that changed since a list last showed them (F8);
-    any change to what a view shows changes its key, so no entry is ever stale. Bounded:
-    emptied when full."""
-
-    def __init__(self, limit: int = 200_000) -> None:
-        self._limit = limit
-        self._found: dict[FragmentKey, msgspec.Raw] = {}
-        self.built = 0  # fragments built (misses)
-
-    def page(
-        self,
-        rows: Sequence[Sequence[Any]],
-        tenant_id: str,
-        figures: Iterable[tuple[str, str, int, int]],
-        offers: Mapping[str, list[OfferView]],
-    ) -> list[msgspec.Raw]:
-        """The page's items (``pool_views``' arguments), each encoded once per change."""
-        by_pool: dict[str, list[tuple[str, int, int]]] = {}
-        for pool_id, resource, maximum, used in figures:
-            by_pool.setdefault(pool_id, []).append((resource, maximum, used))
-        found, items = self._found, []
-        for row in rows:
-            pool_id = row[0]
-            shown_offers = offers.get(pool_id)
-            key = (
-                tenant_id,
-                tuple(row[:POOL_COLUMNS]),
-                tuple(by_pool.get(pool_id, ())),
-                b"" if shown_offers is None else msgspec.json.encode(shown_offers),
-            )
-            fragment = found.get(key)
-            if fragment is None:
-                quotas = [figures_row(tenant_id, pool_id, *q) for q in key[2]]
-                view = pool_views([row], tenant_id, [], {})[0]
-                view.quotas = quotas
-                if view.owned:
-                    view.offers = shown_offers or []
-                fragment = msgspec.Raw(msgspec.json.encode(view))
-                if len(found) >= self._limit:
-                    found.clear()
-                found[key] = fragment
-                self.built += 1
-            items.append(fragment)
-        return items
 
 
 def pool_views(
