@@ -23,6 +23,7 @@ from controlplane.storage import fleet
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
 from controlplane.storage.db import Store
+from controlplane.storage.ledger_types import LedgerRow
 from controlplane.storage.reservations import LIVE
 from controlplane.storage.sql import Database
 
@@ -93,11 +94,11 @@ def fleet_snapshot(db: Database) -> FleetSnapshot:
     pools = fleet.gauged_pools(db)
     capacity: list[tuple[str, str, str, int]] = []
     for pool_id, owner in pools:
-        ledger = {row["resource"]: row for row in pool_sql.capacity_ledger(db, pool_id)}
+        ledger = {row.resource: row for row in pool_sql.capacity_ledger(db, pool_id)}
         offered = quota_sql.offered_maxima(db, pool_id, owner)
         for resource in sorted(ledger.keys() | offered.keys()):
-            row = ledger.get(resource, {})
-            capacity += [(pool_id, resource, kind, row.get(kind, 0)) for kind in LEDGER_KINDS]
+            row = ledger.get(resource) or LedgerRow(resource=resource)
+            capacity += [(pool_id, resource, kind, getattr(row, kind)) for kind in LEDGER_KINDS]
             capacity.append((pool_id, resource, "offered", offered.get(resource, 0)))
     ids = [pool_id for pool_id, _ in pools]
     return FleetSnapshot(

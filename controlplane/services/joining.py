@@ -21,7 +21,6 @@ from controlplane.capacity.nodes import reconcile_isolated
 from controlplane.capacity.resources import HostFacts
 from controlplane.capacity.states import WAITING, health_events
 from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
-from controlplane.services.access import owned_pool
 from controlplane.services.call import Call
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
@@ -63,11 +62,11 @@ ATTESTORS: Mapping[str, Attestor] = {"join-token": attest_join_token}
 
 async def create_join_token(store: Store, call: Call[JoinTokensCreate]) -> JoinTokenCreated:
     """Owner only; pool-scoped, expiring, with a use limit; shown once and stored hashed."""
-    principal, req = call.principal, call.body
+    req = call.body
     token = new_token(JOIN_PREFIX)
 
     def txn(db: Database) -> JoinTokenCreated:
-        pool = owned_pool(db, principal, req.tenant_id, req.pool_id, "compute:nodes:join")
+        pool = call.pool  # owned, decided in this transaction
         if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
         if pool.agent == "none":

@@ -10,7 +10,6 @@ import msgspec
 from msgspec import UNSET
 
 from controlplane.iam.decide import decide
-from controlplane.services.access import owned_pool, visible_pool
 from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
 from controlplane.services.quotas import drop_to_in_use, grant
@@ -21,6 +20,7 @@ from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.ledger_types import LedgerRow
 from controlplane.storage.sql import Database
 from controlplane.storage.types import PoolRow, authz_at
 from shared.errors import Conflict, InvalidInput, InvalidState, NotFound
@@ -173,9 +173,7 @@ async def create_pool(store: Store, call: Call[PoolsCreate]) -> PoolView:
 
 
 def get_pool(db: Database, call: Call[PoolsGet]) -> PoolView:
-    principal, req = call.principal, call.body
-    pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:pools:read")
-    return pool_view(db, pool, req.tenant_id)
+    return pool_view(db, call.pool, call.body.tenant_id)
 
 
 def list_pools(db: Database, call: Call[PoolsList]) -> PoolList:
@@ -215,27 +213,25 @@ def list_pools(db: Database, call: Call[PoolsList]) -> PoolList:
 def pool_capacity(db: Database, call: Call[PoolsCapacity]) -> CapacityList:
     """L3, H6: one ledger row per resource, the same answer as capacity/byPool; `offered`
     (what the owner sold) only for the owner."""
-    principal, req = call.principal, call.body
-    pool = visible_pool(db, principal, req.tenant_id, req.pool_id, "compute:capacity:read")
+    pool = call.pool  # decided as compute:capacity:read on it
     offered = (
         quota_sql.offered_maxima(db, pool.id, pool.owner_tenant_id) if pool.authz.owned else None
     )
-    ledger = {row["resource"]: row for row in pool_sql.capacity_ledger(db, pool.id)}
-    # What was sold with no capacity behind it at all is the gap the ledger is there to show.
-    empty = {"total": 0, "schedulable": 0, "allocated": 0, "available": 0}
+    ledger = {row.resource: row for row in pool_sql.capacity_ledger(db, pool.id)}
     return CapacityList(
         items=[
             CapacityRow(
                 pool_id=pool.id,
                 resource=resource,
-                total=row["total"],
-                schedulable=row["schedulable"],
-                allocated=row["allocated"],
-                available=row["available"],
+                total=row.total,
+                schedulable=row.schedulable,
+                allocated=row.allocated,
+                available=row.available,
                 offered=UNSET if offered is None else offered.get(resource, 0),
             )
             for resource in sorted(ledger.keys() | (offered or {}).keys())
-            for row in [ledger.get(resource, empty)]
+            # What was sold with no capacity behind it at all is the gap the ledger shows.
+            for row in [ledger.get(resource) or LedgerRow(resource=resource)]
         ]
     )
 
@@ -251,15 +247,13 @@ def _refresh_authz(db: Database, pool: PoolRow, region: str) -> list[str]:
 
 
 async def update_pool(store: Store, call: Call[PoolsUpdate]) -> PoolView:
-    principal, req = call.principal, call.body
+    req = call.body
     attestors = call.env.attestors
     if req.policy is UNSET and req.gpu_model is UNSET:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
 
     def txn(db: Database) -> PoolView:
-        pool = owned_pool(
-            db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
-        )
+        pool = call.pool  # owned, at the version asked (R3), decided in this transaction
         if pool.archived_at is not None:
             raise InvalidState("the pool is archived")
         policy = pool.policy if req.policy is UNSET else req.policy
@@ -335,12 +329,10 @@ def archive_in_txn(db: Database, pool: PoolRow, *, reason: str | None = None) ->
 
 
 async def archive_pool(store: Store, call: Call[PoolsArchive]) -> PoolView:
-    principal, req = call.principal, call.body
+    req = call.body
 
     def txn(db: Database) -> PoolView:
-        pool = owned_pool(
-            db, principal, req.tenant_id, req.pool_id, "compute:pools:manage", req.version
-        )
+        pool = call.pool  # owned, at the version asked (R3), decided in this transaction
         if pool.archived_at is not None:  # A2: archiving again returns it unchanged
             return pool_view(db, pool, req.tenant_id)
         archive_in_txn(db, pool)

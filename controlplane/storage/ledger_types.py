@@ -113,3 +113,14 @@ class EventRow(Row, frozen=True, kw_only=True, dict=True):
     @cached_property
     def data(self) -> dict[str, Any]:
         return msgspec.json.decode(self.data_json, type=dict[str, Any])
+
+
+class LedgerRow(Row, frozen=True, kw_only=True):
+    """One resource of a pool's capacity ledger (H6): over every node, over ready and
+    schedulable ones, booked, and schedulable not booked (0 where nothing stands behind it)."""
+
+    resource: str
+    total: int = 0
+    schedulable: int = 0
+    allocated: int = 0
+    available: int = 0

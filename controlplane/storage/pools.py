@@ -3,7 +3,7 @@
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from controlplane.storage.ledger_types import OfferRow
+from controlplane.storage.ledger_types import LedgerRow, OfferRow
 from controlplane.storage.nodes import SCHEDULABLE
 from controlplane.storage.rows import one, rows
 from controlplane.storage.sql import Database
@@ -198,13 +198,12 @@ def tenant_owned_nodes(db: Database, pool_id: str) -> int:
 # --- capacity --------------------------------------------------------------
 
 
-def capacity_ledger(db: Database, pool_id: str) -> list[dict[str, Any]]:
+def capacity_ledger(db: Database, pool_id: str) -> list[LedgerRow]:
     """H6 per resource: total over every node of the pool, schedulable over ready,
     schedulable nodes and placeable atoms (healthy, not held), allocated as booked, and
     available = schedulable not booked. node_resources rows plus GPU atoms counted."""
     placeable = f"{SCHEDULABLE} AND d.unhealthy = 0 AND d.held = 0"
-    return rows(
-        db,
+    found = db.execute(
         "SELECT resource, CAST(sum(total) AS BIGINT) AS total, "
         "CAST(sum(schedulable) AS BIGINT) AS schedulable, "
         "CAST(sum(allocated) AS BIGINT) AS allocated, "
@@ -221,3 +220,4 @@ def capacity_ledger(db: Database, pool_id: str) -> list[dict[str, Any]]:
         ") AS ledger GROUP BY resource ORDER BY resource",
         [pool_id, pool_id],
     )
+    return [LedgerRow.of(row) for row in found]
