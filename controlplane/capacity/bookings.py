@@ -58,6 +58,15 @@ def reservation_event(
     )
 
 
+def at_least_zero(value: int, bug: str, **where: object) -> int:
+    """``value``, or 0 with ``bug`` logged where it would go below: the ledger's counts never
+    go negative, and one that would is a bookkeeping bug to see."""
+    if value >= 0:
+        return value
+    log.warning(bug, **where)
+    return 0
+
+
 def count_used(db: Database, row: ReservationRow, sign: int, at: str) -> None:
     """Quota ``used`` follows live reservations: admission adds the reservation's resources
     (``sign`` 1), its end gives them back (-1); a row that does not exist stays absent.
@@ -66,18 +75,16 @@ def count_used(db: Database, row: ReservationRow, sign: int, at: str) -> None:
         quota = quota_sql.quota(db, row.pool_id, row.tenant_id, resource)
         if quota is None:
             continue
-        used = quota.used + sign * amount
-        if used < 0:
-            log.warning(
-                "quota used would go below zero",
-                reservation=row.id,
-                pool=row.pool_id,
-                tenant=row.tenant_id,
-                resource=resource,
-                used=quota.used,
-                released=amount,
-            )
-            used = 0
+        used = at_least_zero(
+            quota.used + sign * amount,
+            "quota used would go below zero",
+            reservation=row.id,
+            pool=row.pool_id,
+            tenant=row.tenant_id,
+            resource=resource,
+            used=quota.used,
+            released=amount,
+        )
         quota_sql.set_used(db, row.pool_id, row.tenant_id, resource, used, at)
 
 
@@ -91,17 +98,15 @@ def _release(db: Database, row: ReservationRow) -> list[BookingRow]:
         allocated = res_sql.row_allocated(db, booking.node_id, booking.resource)
         if allocated is None:  # an atom booking: no node_resources row
             continue
-        left = allocated - booking.amount
-        if left < 0:
-            log.warning(
-                "booked amount would go below zero",
-                reservation=row.id,
-                node=booking.node_id,
-                resource=booking.resource,
-                allocated=allocated,
-                released=booking.amount,
-            )
-            left = 0
+        left = at_least_zero(
+            allocated - booking.amount,
+            "booked amount would go below zero",
+            reservation=row.id,
+            node=booking.node_id,
+            resource=booking.resource,
+            allocated=allocated,
+            released=booking.amount,
+        )
         res_sql.set_row_allocated(db, booking.node_id, booking.resource, left)
     return booked
 
