@@ -1,11 +1,12 @@
-"""Encoded answers of cached reads, kept while the store's generation stands (B6).
+"""Encoded answers of cached reads, kept while their scopes' generations stand (B6, F8).
 
 A read marked ``cached`` depends on nothing but the database, the caller's
-credential and the request body; every committed mutation that wrote anything
-moves the generation (in its transaction, on any replica). So an answer made
-at generation g for (method, credential, body) is the answer while the
-generation is still g: the same state gives the same decision and the same
-view. Fleet dashboards that poll a list of thousands of pools then cost one
+credential and the request body, and declares the scopes of the database it
+reads (catalog, usage, fleet); a committed write to a table of a scope moves
+that scope's generation (triggers, in its transaction, on any replica). So an
+answer made at generation g of its scopes for (method, credential, body) is the
+answer while they still stand at g: the same state gives the same decision and
+the same view, and a node's report keeps every pool answer. Fleet dashboards that poll a list of thousands of pools then cost one
 lookup until something changes. Bounded by total bytes, least recently used out.
 """
 
