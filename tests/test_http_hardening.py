@@ -123,6 +123,21 @@ async def test_r2_not_json_or_not_an_object_is_invalid_input_without_a_token(api
             invalid_input(*await post(api, path, raw, auth=False))
 
 
+async def test_r2_a_body_the_schema_refuses_early_is_still_screened_whole(api: Api) -> None:
+    """R2: the screen decodes a body with its method's schema once; a body that schema refuses
+    at its first field but that is not JSON further on is still 400 before authentication,
+    while a well-formed body the schema refuses waits for authentication (401 without a
+    token) and is then INVALID_INPUT naming the field."""
+    broken = b'{"tenantId": 5, "poolId": '
+    refused = b'{"tenantId": 5, "poolId": "pool_x"}'
+    error = invalid_input(*await post(api, "compute/pools/get", broken, auth=False))
+    assert error["message"] == "the body is not valid JSON", error
+    status, body, _ = await post(api, "compute/pools/get", refused, auth=False)
+    assert (status, body["error"]["code"]) == (401, "UNAUTHENTICATED"), body
+    error = invalid_input(*await post(api, "compute/pools/get", refused))
+    assert error["details"]["field"] == "tenantId", error
+
+
 async def test_r2_a_second_authorization_header_is_invalid_input(api: Api) -> None:
     """R2: two Authorization headers are 400 INVALID_INPUT, on a method and on any other path."""
     two = [("Authorization", f"Bearer {api.token}")]
