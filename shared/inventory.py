@@ -11,6 +11,9 @@ from msgspec import Meta, Struct
 
 Count = Annotated[int, Meta(ge=0)]
 Text = Annotated[str, Meta(max_length=256)]
+# A Linux cpulist ("0-55,112-167"), as sysfs and NVML's CPU affinity give it (shared/cpulist.py).
+CpuList = Annotated[str, Meta(max_length=8192, pattern=r"^[0-9,-]*$")]
+LinkLevel = Literal["internal", "single", "multiple", "hostbridge", "node", "system"]
 
 
 class Wire(Struct, rename="camel", forbid_unknown_fields=True, kw_only=True):
@@ -52,6 +55,28 @@ class Gpu(Wire):
     # "ecc_uncorrected_volatile:2", "gpu_lost", "retired_pages_pending", "unknown:<signal>".
     health: Literal["healthy", "unhealthy", "unknown"] = "healthy"
     health_reasons: Annotated[list[Text], Meta(max_length=32)] = []
+    # D1: where the GPU sits. minorNumber is N of /dev/nvidiaN (may differ from the index);
+    # numaNode is null when unknown (the platform says -1); cpuAffinity its ideal CPUs.
+    minor_number: Count | None = None
+    numa_node: Count | None = None
+    cpu_affinity: CpuList | None = None
+
+
+class GpuLink(Wire):
+    """D1: how two GPUs (by index, a < b) reach each other: the PCIe common ancestor's level
+    (nvidia-smi topo PIX=single, PXB=multiple, PHB=hostbridge, NODE=node, SYS=system) and
+    whether NVLink (direct or through NVSwitch) joins them."""
+
+    a: Count
+    b: Count
+    level: LinkLevel
+    nvlink: bool
+
+
+class NumaNode(Wire):
+    id: Count
+    cpus: CpuList
+    memory_bytes: Count
 
 
 class Nvml(Wire):
@@ -68,6 +93,10 @@ class Cpu(Wire):
     physical_cores: Count | None = None
     model: Text | None = None
     vendor: Text | None = None  # "GenuineIntel", "AuthenticAMD", …
+    # D1: /sys/devices/system/node/node<id> (cpulist, MemTotal) and one cpulist per physical
+    # core (the distinct thread_siblings_list values, by first CPU).
+    numa_nodes: Annotated[list[NumaNode], Meta(max_length=1024)] = []
+    thread_siblings: Annotated[list[CpuList], Meta(max_length=8192)] = []
 
 
 class HugepagePool(Wire):
@@ -95,3 +124,4 @@ class Inventory(Wire):
     nvml: Nvml
     filesystems: Annotated[list[Filesystem], Meta(max_length=256)] = []
     gpus: Annotated[list[Gpu], Meta(max_length=64)] = []
+    gpu_links: Annotated[list[GpuLink], Meta(max_length=2016)] = []  # D1: every GPU pair

@@ -50,6 +50,23 @@ class Unit(Struct, rename="camel", kw_only=True, omit_defaults=True, frozen=True
     gpus_from_inventory: bool = False
 
 
+class Booking(Struct, rename="camel", kw_only=True, frozen=True):
+    """D5: one reservation booked on the node, as the agent delivers it. ``live``: write its
+    slice and environment file and start the slice; ``release``: it ended: stop the slice,
+    remove its files, and report it released once NVML shows no compute process left on its
+    devices. Devices are UUIDs (GPUs, or MIG instances) in placement order; ``cpus`` and
+    ``memoryNodes`` are cpulists ("" when nothing is pinned). No tenant secret is in it."""
+
+    reservation_id: str
+    gpus: list[str] = []
+    mig_instances: list[str] = []
+    cpus: str = ""
+    cpu_quota: int | None = None  # percent (vcpu × 100) where CPUs are a share, not pinned
+    memory_bytes: int | None = None
+    memory_nodes: str = ""
+    state: Literal["live", "release"] = "live"
+
+
 class NodeSpecUnits(Struct, rename="camel", kw_only=True, frozen=True):
     version: str  # sha256 of the units: moves exactly when what a host must do moves
     units: list[Unit]

@@ -7,7 +7,7 @@ from msgspec import UNSET, Meta, UnsetType
 
 from shared.ids import ID_BODY
 from shared.inventory import Inventory
-from shared.nodespec import Unit
+from shared.nodespec import Booking, Unit
 from shared.schemas.common import Answer, PoolId, PoolScoped, Request, TenantScoped
 from shared.schemas.paging import DEFAULT_PAGE, Cursor, PageLimit
 from shared.validation import whole
@@ -35,10 +35,23 @@ class NodesJoin(Request):
     inventory: Inventory
 
 
+DeliveryReported = Literal["delivered", "failed", "released", "release-blocked"]
+
+
+class BookingReport(Request):
+    """D5–D7: what the agent did with one booking of its spec. ``reason`` says why a booking
+    failed (``gpu busy: pid 4242``) or why its release is blocked (the pids still running)."""
+
+    reservation_id: Annotated[str, Meta(max_length=56)]
+    state: DeliveryReported
+    reason: Annotated[str, Meta(max_length=500)] | None = None
+
+
 class NodesReport(Request):
     node_id: NodeId
     inventory: Inventory
     applied: dict[str, Any] | UnsetType = UNSET  # the last apply: each unit's outcome
+    bookings: Annotated[list[BookingReport], Meta(max_length=4096)] | UnsetType = UNSET
 
 
 class NodesSpec(Request):
@@ -118,6 +131,7 @@ class NodeSpec(Answer):
     units: list[Unit]
     reboot: bool
     booked_gpus: list[str]  # H4: GPUs with a live booking when the spec was rendered
+    bookings: list[Booking] = []  # D5: the node's live and releasing bookings to deliver
 
 
 class ResourceRowView(Answer):
@@ -160,6 +174,21 @@ class DrainView(Answer):
     deadline: str | None
 
 
+class NodeBookingView(Answer):
+    """D4: one booking on the node as its pool's owner sees it."""
+
+    reservation_id: str
+    tenant_id: str
+    state: str  # the reservation's state
+    gpus: list[str]  # UUIDs
+    mig_instances: list[str]
+    slots: list[str]
+    cpus: str
+    cpu_quota: int | None
+    memory_bytes: int | None
+    delivery: str  # pending | delivered | failed | releasing | released | release-blocked
+
+
 class NodeView(Answer):
     id: str
     pool_id: str
@@ -180,6 +209,7 @@ class NodeView(Answer):
     cordon: CordonView | None
     drain: DrainView | None
     applied: dict[str, Any] | None  # the agent's last apply: spec version and each unit's outcome
+    bookings: list[NodeBookingView] = []  # D4: live and releasing bookings (the owner's view)
 
 
 class NodeList(Answer):

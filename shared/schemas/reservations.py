@@ -60,6 +60,56 @@ class ReservationsList(TenantScoped):
     cursor: Cursor | UnsetType = UNSET
 
 
+class PlacedGpu(Answer):
+    index: int
+    uuid: str
+    minor_number: int | None
+    numa_node: int | None
+
+
+class PlacedMig(Answer):
+    uuid: str
+    profile: str
+    gpu_index: int
+
+
+class PlacedSlot(Answer):
+    gpu_index: int
+    slot: int
+
+
+class PlacedTopology(Answer):
+    nvlink: bool | None  # every pair of the booked GPUs NVLink-joined; null for under two
+    worst_level: str | None  # the worst pair's PCIe level (internal … system); null under two
+    numa_nodes: list[int]  # the NUMA nodes the booked GPUs (or pinned CPUs) sit on
+
+
+class Placement(Answer):
+    """D4: exactly what a placed reservation holds on its node."""
+
+    node_id: str
+    hostname: str
+    gpus: list[PlacedGpu]
+    mig_instances: list[PlacedMig]
+    slots: list[PlacedSlot]
+    cpus: str | None  # a cpulist: exclusive CPUs when pinned, the affine CPUs when shared
+    cpu_quota: int | None  # percent (vcpu × 100) when the vCPUs are a share
+    memory_bytes: int | None
+    memory_nodes: str | None  # a cpulist of NUMA nodes, when pinned
+    topology: PlacedTopology
+
+
+DeliveryState = Literal["pending", "delivered", "failed", "releasing", "released", "release-blocked"]
+
+
+class Delivery(Answer):
+    """D4, D6, D7: how far the host has got with the booking."""
+
+    state: DeliveryState
+    reason: str | None
+    at: str
+
+
 class ReservationView(Answer):
     id: str
     tenant_id: str
@@ -74,6 +124,8 @@ class ReservationView(Answer):
     placed_at: str | None
     ended_at: str | None
     expires_at: str | None
+    placement: Placement | None  # D4: null until placed
+    delivery: Delivery | None  # null until placed
 
 
 class ReservationList(Answer):
