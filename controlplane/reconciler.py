@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import structlog
 
-from controlplane.capacity.bookings import Placement, activate, retry_pending
+from controlplane.capacity.bookings import Placement, retry_pending
+from controlplane.capacity.handover import fail_undelivered
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.nodes import Failed, isolated, reconcile_isolated
 from controlplane.capacity.states import node_event, progress_drain
@@ -101,7 +102,7 @@ def reconcile_pass(
             stats.rows_written += done.writes
             stats.nodes_recomputed += 1
     # After the rows, so new capacity places first; each reservation in its own savepoint.
-    at = now()
+    at, clock = now(), time.time()
     tries = [
         isolated(db, "reservation", r.id, retry_pending, db, r, at) for r in res_sql.pending(db)
     ]
@@ -111,8 +112,8 @@ def reconcile_pass(
     moves = [
         *(t if isinstance(t, Failed) else t is not Placement.NOT_PLACED for t in tries),
         *(
-            isolated(db, "reservation", r.id, activate, db, r, liveness.last_epoch)
-            for r in res_sql.placed(db)
+            isolated(db, "reservation", r.id, fail_undelivered, db, r, clock)
+            for r in res_sql.undelivered(db)
         ),
     ]
     # H3: draining nodes, once the retries above could no longer land on them.

@@ -21,7 +21,7 @@ def parse(text: str | None) -> list[int]:
     return sorted(found)
 
 
-def format(numbers: Iterable[int]) -> str:  # noqa: A001 - the cpulist's own verb
+def format(numbers: Iterable[int]) -> str:
     """The cpulist of ``numbers``: sorted, runs as ``a-b``; "" for none."""
     runs: list[list[int]] = []
     for n in sorted(set(numbers)):

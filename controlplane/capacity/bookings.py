@@ -1,19 +1,21 @@
-"""Bookings: the placer (first fit over ready, schedulable nodes, booking atoms and rows in the
-caller's transaction), quota ``used`` following live reservations, and a live reservation's
-end (bookings, quota and GPU hours given back), with the reservation events they write.
+"""Bookings: writing what the placer chose (capacity/placer.py: atoms, pinned CPUs and rows in
+the caller's transaction), quota ``used`` following live reservations, a live reservation's
+end (quota and GPU hours given back at once, its bookings held until the host confirms the
+release, D7) and the release itself, with the reservation events they write.
 
 The placer returns what each try came to (``Placement``); the layer above counts it.
 """
 
 import enum
 import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import structlog
 
+from controlplane.capacity import delivery, placer
 from controlplane.capacity.meters import gpu_equivalents, meter_of
+from controlplane.capacity.placer import ATOMS
 from controlplane.storage import budgets as budget_sql
 from controlplane.storage import events
 from controlplane.storage import nodes as node_sql
@@ -26,11 +28,6 @@ from controlplane.storage.sql import Database
 from controlplane.storage.types import PoolRow, ReservationRow
 
 log = structlog.get_logger("controlplane.capacity")
-
-ATOMS = {"exclusive": "gpu", "mig": "gpu.mig", "timeslice": "gpu.slot", "mps": "gpu.slot"}
-
-
-PLACE_CANDIDATES = 32
 
 
 class Placement(enum.StrEnum):
@@ -88,10 +85,10 @@ def count_used(db: Database, row: ReservationRow, sign: int, at: str) -> None:
         quota_sql.set_used(db, row.pool_id, row.tenant_id, resource, used, at)
 
 
-def _release(db: Database, row: ReservationRow) -> list[BookingRow]:
-    """Give back everything the reservation booked (atoms and node_resources rows); returns
-    its bookings. A row never goes below 0 booked: a release past it is a bookkeeping bug,
-    logged."""
+def release(db: Database, row: ReservationRow) -> list[BookingRow]:
+    """Give back everything the reservation booked (atoms, pinned CPUs and node_resources
+    rows): its host confirmed the release (D7), or the node is gone. Returns its bookings.
+    A row never goes below 0 booked: a release past it is a bookkeeping bug, logged."""
     booked = res_sql.bookings_of(db, row.id)
     res_sql.free_atoms(db, row.id)
     for booking in booked:
@@ -108,19 +105,26 @@ def _release(db: Database, row: ReservationRow) -> list[BookingRow]:
             released=booking.amount,
         )
         res_sql.set_row_allocated(db, booking.node_id, booking.resource, left)
+    res_sql.mark_releasing(db, row.id, False)
+    nodes = {b.node_id for b in booked}
+    node_sql.count_free_atoms(db, nodes)
+    pool = pool_sql.get_pool(db, row.pool_id)
+    if pool is not None and pool.sharing != "exclusive":
+        # its GPUs may take their new layout or sharing now (U3, H4)
+        node_sql.mark_stale(db, {b.node_id for b in booked if b.resource in ATOMS.values()})
     return booked
 
 
 def finish(
     db: Database, row: ReservationRow, state: str, reason: str | None, message: str
 ) -> ReservationRow:
-    """End or fail a live reservation: release its bookings, its quota and meter its GPU hours."""
+    """End or fail a live reservation: its quota comes back and its GPU hours are metered at
+    once; what it booked on a node stays held, ``releasing``, until the host confirms the
+    release (D7)."""
     at = now()
     pool = pool_sql.get_pool(db, row.pool_id)
     assert pool is not None
-    booked = _release(db, row)
-    if pool.sharing != "exclusive":  # its GPUs may take their new layout or sharing now
-        node_sql.mark_stale(db, {b.node_id for b in booked if b.resource in ATOMS.values()})
+    booked = res_sql.bookings_of(db, row.id)
     if row.state in res_sql.LIVE:
         count_used(db, row, -1, at)
     meter = meter_of(pool.gpu_model)
@@ -131,9 +135,14 @@ def finish(
         hours = share * max(0.0, time.time() - epoch(row.placed_at)) / 3600
         if hours:
             budget_sql.add_spent(db, row.tenant_id, meter, hours, at)
-    fields = {"state": state, "reason": reason, "updated_at": at, "ended_at": at}
+    fields: dict[str, Any] = {"state": state, "reason": reason, "updated_at": at, "ended_at": at}
+    if booked:
+        res_sql.mark_releasing(db, row.id, True)
+        fields.update(delivery_state="releasing", delivery_reason=None, delivery_at=at)
     res_sql.update(db, row.id, fields)
     done = msgspec.structs.replace(row, **fields)
+    if row.node_id is not None and booked:
+        delivery.refresh_bookings(db, row.node_id)
     reservation_event(
         db,
         "ended" if state == "ended" else "failed",
@@ -146,48 +155,34 @@ def finish(
 
 
 def place(db: Database, row: ReservationRow, pool: PoolRow) -> Placement:
-    """Book the reservation on the first ready host node it fits (atoms and rows)."""
-    resources = row.resources
-    atom = ATOMS[pool.sharing]
-    wanted_atoms = resources.get(atom, 0)
-    rows_asked = {r: a for r, a in resources.items() if r not in ("gpu", "gpu.mig", "gpu.slot")}
-    after = ""
-    while True:  # keyset pages of candidates, until one fits or the pool has no more
-        if wanted_atoms:
-            candidates = res_sql.nodes_with_free_atoms(
-                db, pool.id, atom, row.mig_profile, wanted_atoms, PLACE_CANDIDATES, after
-            )
-        else:
-            candidates = res_sql.ready_nodes(db, pool.id, PLACE_CANDIDATES, after)
-        if not candidates:
-            return Placement.NOT_PLACED
-        for node_id in candidates:
-            if _book_on(db, row, pool, node_id, atom, wanted_atoms, rows_asked):
-                return Placement.PLACED
-        after = candidates[-1]
+    """Book the reservation where it fits best (D2, D3): atoms, pinned CPUs and rows on one
+    ready host node. A reservation no node's topology fits under ``strict`` keeps waiting
+    with that reason."""
+    fit = placer.find(db, row, pool)
+    if isinstance(fit, str):
+        if row.reason != fit:
+            res_sql.update(db, row.id, {"reason": fit, "updated_at": now()})
+        return Placement.NOT_PLACED
+    if fit is None:
+        return Placement.NOT_PLACED
+    _book(db, row, pool, fit)
+    return Placement.PLACED
 
 
-def _book_on(
-    db: Database,
-    row: ReservationRow,
-    pool: PoolRow,
-    node_id: str,
-    atom: str,
-    wanted_atoms: int,
-    rows_asked: dict[str, int],
-) -> bool:
-    """Book the reservation on this node if its rows have room; False (nothing written) if not."""
-    free = res_sql.free_rows(db, node_id)
-    if any(free.get(resource, 0) < amount for resource, amount in rows_asked.items()):
-        return False
-    if wanted_atoms:
-        booked = res_sql.book_atoms(db, node_id, atom, row.mig_profile, wanted_atoms, row.id)
-        if booked != wanted_atoms:  # the candidate query said they were free in this transaction
-            raise RuntimeError(f"booked {booked} of {wanted_atoms} {atom} atoms on {node_id}")
-        res_sql.insert_booking(db, row.id, node_id, atom, wanted_atoms)
+def _book(db: Database, row: ReservationRow, pool: PoolRow, fit: placer.Fit) -> None:
+    """Write the booking ``fit`` describes, in the caller's transaction."""
+    node_id = fit.node_id
+    if fit.atoms:
+        booked = res_sql.book_devices(db, node_id, fit.atoms, row.id)
+        if booked != len(fit.atoms):  # the candidate read said they were free in this txn
+            raise RuntimeError(f"booked {booked} of {len(fit.atoms)} {fit.atom} atoms on {node_id}")
+        res_sql.insert_booking(db, row.id, node_id, fit.atom, len(fit.atoms))
+        node_sql.count_free_atoms(db, [node_id])
         if pool.sharing != "exclusive":  # the spec lists booked GPUs (U3, H4): render anew
             node_sql.mark_stale(db, [node_id])
-    for resource, amount in rows_asked.items():
+    if fit.pinned:
+        res_sql.pin_cpus(db, node_id, fit.pinned, row.id)
+    for resource, amount in fit.rows.items():
         if not res_sql.book_row(db, node_id, resource, amount):
             raise RuntimeError(f"{resource} on {node_id} was free a moment ago in this transaction")
         res_sql.insert_booking(db, row.id, node_id, resource, amount)
@@ -198,36 +193,17 @@ def _book_on(
         "placed_at": at,
         "updated_at": at,
         "reason": None,
+        "placement": msgspec.json.encode(fit.placement).decode(),
+        "delivery_state": "pending",
+        "delivery_reason": None,
+        "delivery_at": at,
     }
     res_sql.update(db, row.id, fields)
-    reservation_event(
-        db, "placed", msgspec.structs.replace(row, **fields), pool.owner_tenant_id, nodeId=node_id
+    delivery.refresh_bookings(db, node_id)
+    placed = msgspec.structs.replace(
+        row, **{("placement_json" if k == "placement" else k): v for k, v in fields.items()}
     )
-    return True
-
-
-def activate(db: Database, row: ReservationRow, seen_since: Callable[[str], float | None]) -> bool:
-    """placed → active once the node holding the booking has reported since it was placed:
-    the host is known to be up with the booking on it. True if it moved."""
-    assert row.node_id is not None and row.placed_at is not None  # a placed reservation
-    seen = seen_since(row.node_id)
-    if seen is None:  # reported to another replica (B4): its stored stamp says
-        stored = node_sql.get_node(db, row.node_id)
-        seen = epoch(stored.last_seen_at) if stored and stored.last_seen_at else None
-    if seen is None or seen < epoch(row.placed_at):
-        return False
-    fields = {"state": "active", "updated_at": now()}
-    res_sql.update(db, row.id, fields)
-    pool = pool_sql.get_pool(db, row.pool_id)
-    assert pool is not None
-    reservation_event(
-        db,
-        "active",
-        msgspec.structs.replace(row, **fields),
-        pool.owner_tenant_id,
-        nodeId=row.node_id,
-    )
-    return True
+    reservation_event(db, "placed", placed, pool.owner_tenant_id, nodeId=node_id)
 
 
 def retry_pending(db: Database, row: ReservationRow, at: str) -> Placement:

@@ -76,6 +76,8 @@ def reconcile_node(db: Database, row: ReconcileRow) -> Reconciled:
         fields.update(readmit(db, node, pool, inventory, spec.refusal, spec.version))
     resources = write_resources(db, node, pool, policy)
     devices = write_atoms(db, node, pool, policy, inventory, atoms, gated)
+    if devices.writes:
+        node_sql.count_free_atoms(db, [node.id])
     rows_of = (node.inventory_rev, pool.version)
     held = held or resources.held or devices.held
     if not held and (node.rows_inventory_rev, node.rows_pool_version) != rows_of:

@@ -12,21 +12,12 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
+from controlplane.capacity.delivery import served_version
 from controlplane.storage.node_types import NodePool, NodeRow
 from shared.inventory import Inventory
 from shared.nodespec import NodeSpecUnits, RenderRefused, Unit
 from shared.policy import Policy
 from shared.render import render
-
-
-def served_version(pool: NodePool, units: NodeSpecUnits) -> str:
-    """The version of the spec as served: its units, and the pool version, model, sharing and
-    policy (as stored) it carries, so a policy update or a gpuModel change moves every
-    node's spec."""
-    seed = "\x00".join(
-        [units.version, str(pool.version), pool.gpu_model or "", pool.sharing, pool.policy_json]
-    )
-    return hashlib.sha256(seed.encode()).hexdigest()
 
 
 def unit_key(unit: Unit) -> str:
@@ -109,7 +100,7 @@ def respecify(
             gated_gpus(kept, done) if kept else frozenset(),
             fields,
         )
-    version = served_version(pool, units)
+    version = served_version(pool, units, node.bookings_json)
     if version != node.spec_version:
         fields.update(spec=msgspec.json.encode(units).decode(), spec_version=version)
     held_layout = bool(booked) and pool.sharing == "mig" and policy.migLayout is not UNSET

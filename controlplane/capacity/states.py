@@ -89,7 +89,7 @@ def readmit(
             node.state == READY,
             node.pending_reboot,
         )
-        state, reason = done.state, done.reason
+        state, reason = done.state, done.reason or blocked_reason(db, node)
         if (done.applied_version, done.pending_reboot) != (
             node.applied_version,
             node.pending_reboot,
@@ -101,6 +101,18 @@ def readmit(
     if fields:
         fields.update(updated_at=now())
     return fields
+
+
+def blocked_reason(db: Database, node: NodeRow) -> str | None:
+    """D7: why the node's devices are held after a release, for its ``stateReason``."""
+    if not any(b.state == "release" for b in node.bookings):
+        return None
+    blocked = [
+        r for r in res_sql.releasing_on_node(db, node.id) if r.delivery_state == "release-blocked"
+    ]
+    if not blocked:
+        return None
+    return "release blocked: " + "; ".join(f"{r.id}: {r.delivery_reason}" for r in blocked)
 
 
 def quarantine_unreconcilable(db: Database, node: NodeRow, pool: NodePool, error: str) -> None:
@@ -127,14 +139,16 @@ def back_from_lost(node: NodeRow) -> tuple[str, str | None]:
 
 
 def progress_drain(db: Database, node: NodeRow, owner_tenant_id: str) -> bool:
-    """H3: a draining node is drained when nothing is booked on it; past its deadline, what
-    is left ends with NodeDrained first. True if it moved."""
+    """H3, D7: a draining node is drained when nothing is booked on it, live or releasing;
+    past its deadline, what is live ends with NodeDrained first. True if it moved."""
     live = res_sql.live_on_node(db, node.id)
     if live:
         if node.drain_deadline is None or node.drain_deadline > now():
             return False
         for row in live:
             finish(db, row, "ended", "NodeDrained", "the node's drain reached its deadline")
+    if res_sql.releasing_on_node(db, node.id):  # drained once the host confirms the release
+        return bool(live)
     node_sql.update_node(db, node.id, {"drain_state": "drained", "updated_at": now()})
     node_event(db, "drained", node, owner_tenant_id, ended=[row.id for row in live])
     return True

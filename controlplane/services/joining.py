@@ -20,6 +20,7 @@ from controlplane.capacity.admission import (
 from controlplane.capacity.nodes import reconcile_isolated
 from controlplane.capacity.resources import HostFacts
 from controlplane.capacity.states import WAITING, health_events
+from controlplane.capacity.topology import topology_text
 from controlplane.iam.tokens import JOIN_PREFIX, NODE_PREFIX, new_token, token_hash
 from controlplane.services.call import Call
 from controlplane.storage import events
@@ -97,6 +98,7 @@ def inventory_fields(inventory: Inventory, digest: str) -> dict[str, Any]:
         "inventory": msgspec.json.encode(inventory).decode(),
         "inventory_hash": digest,
         "machine_id": inventory.machine_id,
+        "topology": topology_text(inventory),
         **{name: getattr(facts, name) for name in node_sql.FACTS},
     }
 

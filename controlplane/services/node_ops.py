@@ -16,6 +16,7 @@ from typing import Any
 from msgspec import UNSET
 
 from controlplane.capacity.bookings import finish
+from controlplane.capacity.handover import free_without_host
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.states import node_event, progress_drain
 from controlplane.services.call import Call
@@ -109,8 +110,9 @@ async def drain(store: Store, call: Call[NodesDrain]) -> NodeView:
 
 
 async def remove(store: Store, call: Call[NodesRemove]) -> NodeRemoved:
-    """H3: INVALID_STATE while placed or active bookings remain, unless forced (they end
-    with NodeRemoved); removing a removed node answers the same."""
+    """H3, D7: INVALID_STATE while placed, active or releasing bookings remain, unless forced
+    (the live ones end with NodeRemoved, and what every ended one holds is freed without the
+    host); removing a removed node answers the same."""
     req = call.body
 
     def txn(db: Database) -> NodeRemoved:
@@ -118,15 +120,17 @@ async def remove(store: Store, call: Call[NodesRemove]) -> NodeRemoved:
         if node.removed_at is not None:
             return NodeRemoved(removed=True)
         live = res_sql.live_on_node(db, node.id)
-        if live and not req.force:
+        releasing = res_sql.releasing_on_node(db, node.id)
+        if (live or releasing) and not req.force:
             raise InvalidState(
-                f"{len(live)} placed or active reservations are booked on the node; drain it, "
-                "or remove it with force: true",
+                f"{len(live)} placed or active and {len(releasing)} releasing reservations are "
+                "booked on the node; drain it, or remove it with force: true",
                 field="nodeId",
-                reservations=[row.id for row in live],
+                reservations=[row.id for row in [*live, *releasing]],
             )
         for row in live:
             finish(db, row, "ended", "NodeRemoved", "the node was removed")
+        free_without_host(db, node.id)
         node_sql.remove(db, node.id, now())
         node_event(db, "removed", node, req.tenant_id, ended=[row.id for row in live])
         return NodeRemoved(removed=True)

@@ -16,8 +16,10 @@ from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
+from controlplane.storage import reservations as res_sql
 from controlplane.storage.node_types import NodeRow
 from controlplane.storage.sql import Database
+from controlplane.storage.types import ReservationRow
 from shared.errors import NotFound
 from shared.inventory import Inventory
 from shared.schemas import (
@@ -25,6 +27,7 @@ from shared.schemas import (
     DeviceView,
     DrainView,
     GpuSummary,
+    NodeBookingView,
     NodeList,
     NodesGet,
     NodesList,
@@ -60,6 +63,10 @@ def views(db: Database, nodes: list[NodeRow], liveness: Liveness) -> list[NodeVi
                     held=atom.held,
                 )
             )
+    bookings: dict[str, list[NodeBookingView]] = {node_id: [] for node_id in ids}
+    for held in res_sql.held_on_nodes(db, ids):
+        assert held.node_id is not None
+        bookings[held.node_id].append(booking_view(held))
     found = []
     for node in nodes:
         inventory, applied = readable(node)
@@ -97,9 +104,27 @@ def views(db: Database, nodes: list[NodeRow], liveness: Liveness) -> list[NodeVi
                 cordon=cordon_of(node),
                 drain=drain_of(node),
                 applied=applied,
+                bookings=bookings[node.id],
             )
         )
     return found
+
+
+def booking_view(row: ReservationRow) -> NodeBookingView:
+    """D4: a booking on the node as the pool's owner sees it."""
+    placed = row.placement
+    return NodeBookingView(
+        reservation_id=row.id,
+        tenant_id=row.tenant_id,
+        state=row.state,
+        gpus=[g.uuid for g in placed.gpus] if placed else [],
+        mig_instances=[m.uuid for m in placed.mig_instances] if placed else [],
+        slots=[f"{s.gpu_index}/{s.slot}" for s in placed.slots] if placed else [],
+        cpus=(placed.cpus or "") if placed else "",
+        cpu_quota=placed.cpu_quota if placed else None,
+        memory_bytes=placed.memory_bytes if placed else None,
+        delivery=row.delivery_state or "pending",
+    )
 
 
 def cordon_of(node: NodeRow) -> CordonView | None:

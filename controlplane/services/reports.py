@@ -7,6 +7,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from controlplane.capacity.admission import LOST, stable_digest
+from controlplane.capacity.handover import take_report
 from controlplane.capacity.nodes import Failed, reconcile_isolated
 from controlplane.capacity.states import back_from_lost, health_events, state_event
 from controlplane.iam.tokens import token_hash
@@ -62,7 +63,12 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
     inventory = with_families(req.inventory)
     digest = stable_digest(inventory)
     applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
-    unchanged = digest == node.inventory_hash and (applied is None or applied == node.applied_json)
+    deliveries = None if req.bookings is UNSET else msgspec.json.encode(req.bookings).decode()
+    unchanged = (
+        digest == node.inventory_hash
+        and (applied is None or applied == node.applied_json)
+        and (deliveries is None or deliveries == node.deliveries_json)
+    )
     if unchanged and node.state != LOST:
         liveness.seen(node.id)  # nothing new: no write (liveness is batched)
         return Reported(spec_version=node.spec_version or "")
@@ -76,6 +82,8 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
         fields: dict[str, Any] = {"last_seen_at": at, "updated_at": at}
         if applied is not None:
             fields.update(applied=applied)
+        if deliveries is not None and deliveries != current.deliveries_json:
+            fields.update(deliveries=deliveries)
         moved = digest != current.inventory_hash
         if moved:
             # R4: the hostname is join's (validated there); a report never rewrites it.
@@ -89,6 +97,13 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
             res_sql.clear_node_lost(db, current.id)  # its bookings carry on
         node_sql.update_node(db, current.id, fields)
         liveness.seen(current.id)
+        if req.bookings is not UNSET and take_report(
+            db, current, pool.owner_tenant_id, req.bookings
+        ):  # D5-D7: its bookings moved (the spec version with them)
+            stored = node_sql.get_node(db, current.id)
+            assert stored is not None
+            current = stored
+            fields = {}
         # One place decides a node's state: the same render and admission as every pass.
         reported = current.updated(fields, inventory if moved else None)
         done = reconcile_isolated(db, ReconcileRow(node=reported, pool=pool))
@@ -119,4 +134,5 @@ def node_spec(db: Database, call: Call[NodesSpec]) -> NodeSpec:
         units=units.units,
         reboot=units.reboot,
         booked_gpus=units.booked_gpus,
+        bookings=node.bookings,
     )

@@ -14,8 +14,9 @@ import time
 import msgspec
 from msgspec import UNSET
 
-from controlplane.capacity.bookings import ATOMS, count_used, finish, place, reservation_event
+from controlplane.capacity.bookings import count_used, finish, place, reservation_event
 from controlplane.capacity.meters import meter_of
+from controlplane.capacity.placer import ATOMS
 from controlplane.services.access import pool_not_found, readable_pools
 from controlplane.services.budgets import spent_hours
 from controlplane.services.call import Call
@@ -30,6 +31,7 @@ from shared.errors import Conflict, InvalidInput
 from shared.ids import derived_id, new_id
 from shared.mig import profiles_for
 from shared.schemas import (
+    Delivery,
     ReservationList,
     ReservationsCreate,
     ReservationsEnd,
@@ -57,6 +59,16 @@ def view(row: ReservationRow) -> ReservationView:
         placed_at=row.placed_at,
         ended_at=row.ended_at,
         expires_at=row.expires_at,
+        placement=row.placement,
+        delivery=(
+            None
+            if row.delivery_state is None
+            else Delivery(
+                state=row.delivery_state,  # type: ignore[arg-type]
+                reason=row.delivery_reason,
+                at=row.delivery_at or row.updated_at,
+            )
+        ),
     )
 
 

@@ -266,6 +266,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     # 11: F8, one generation per scope (storage/db.py), each moved by triggers on the tables
     # of its scope in the writing transaction itself, on any replica.
     lambda dialect: scope_generations(dialect),
+    # 12: D1-D8, what a reservation holds and where: its placement (devices, CPUs, memory,
+    # topology) and delivery state; a node's topology (index-based, for the placer), the
+    # bookings its NodeSpec carries, the agent's last delivery report and how many atoms are
+    # free to place (the bin-packing order); bookings releasing until the host confirms;
+    # pinned CPUs, one booking each (the primary key is D8's exclusivity).
+    lambda dialect: delivery_schema(dialect),
 )
 
 
@@ -284,6 +290,47 @@ SCOPED_TABLES: dict[Scope, tuple[str, ...]] = {
     "fleet": ("nodes", "node_resources", "node_devices", "join_tokens", "reservations", "bookings"),
 }
 QUOTA_KEY = ("pool_id", "tenant_id", "resource", "max")  # a change of one: the catalog's
+
+
+def delivery_schema(dialect: Dialect) -> str:
+    """Migration 12 in ``dialect``: its tables and columns, and ``node_cpus`` in the fleet
+    scope's generation as every fleet table is (migration 11)."""
+    script = """
+    ALTER TABLE reservations ADD COLUMN placement TEXT;
+    ALTER TABLE reservations ADD COLUMN delivery_state TEXT;
+    ALTER TABLE reservations ADD COLUMN delivery_reason TEXT;
+    ALTER TABLE reservations ADD COLUMN delivery_at TEXT;
+    UPDATE reservations SET delivery_state = 'pending', delivery_at = placed_at
+        WHERE state = 'placed';
+    UPDATE reservations SET delivery_state = 'delivered', delivery_at = updated_at
+        WHERE state = 'active';
+    CREATE INDEX reservations_delivery ON reservations(node_id, delivery_state);
+    ALTER TABLE nodes ADD COLUMN topology TEXT;
+    ALTER TABLE nodes ADD COLUMN bookings TEXT;
+    ALTER TABLE nodes ADD COLUMN deliveries TEXT;
+    ALTER TABLE nodes ADD COLUMN free_atoms INTEGER NOT NULL DEFAULT 0;
+    UPDATE nodes SET free_atoms = (SELECT count(*) FROM node_devices d WHERE d.node_id = nodes.id
+        AND d.allocated = 0 AND d.unhealthy = 0 AND d.held = 0);
+    CREATE INDEX nodes_free_atoms ON nodes(pool_id, free_atoms, id) WHERE removed_at IS NULL;
+    ALTER TABLE bookings ADD COLUMN releasing INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE node_cpus (
+        node_id TEXT NOT NULL REFERENCES nodes(id),
+        cpu INTEGER NOT NULL,
+        reservation_id TEXT NOT NULL REFERENCES reservations(id),
+        PRIMARY KEY (node_id, cpu)
+    ) WITHOUT ROWID;
+    CREATE INDEX node_cpus_reservation ON node_cpus(reservation_id);
+    """
+    if dialect.name == "postgresql":
+        return dialect.ddl(script) + (
+            "\nCREATE TRIGGER node_cpus_written AFTER INSERT OR UPDATE OR DELETE ON node_cpus "
+            "FOR EACH ROW EXECUTE FUNCTION bc_scope_written('fleet');"
+        )
+    return script + "\n".join(
+        f"CREATE TRIGGER node_cpus_written_{event.lower()} AFTER {event} ON node_cpus BEGIN "
+        "UPDATE generations SET n = n + 1 WHERE scope = 'fleet'; END;"
+        for event in ("INSERT", "UPDATE", "DELETE")
+    )
 
 
 def scope_generations(dialect: Dialect) -> str:

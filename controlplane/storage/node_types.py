@@ -16,7 +16,7 @@ from msgspec import Struct
 
 from controlplane.storage.types import policy_of, stored_policy
 from shared.inventory import Inventory
-from shared.nodespec import NodeSpecUnits
+from shared.nodespec import Booking, NodeSpecUnits
 
 # The columns of ``nodes`` a NodeRow holds, in its fields' order (the credential's hash stays
 # in storage); a JSON column's field is named ``<column>_json``.
@@ -55,8 +55,14 @@ NODE_COLUMNS = (
     "drain_started_at",
     "drain_deadline",
     "removed_at",
+    "topology",
+    "bookings",
+    "deliveries",
+    "free_atoms",
 )
-JSON_COLUMNS = frozenset({"inventory", "applied", "applied_units", "spec"})
+JSON_COLUMNS = frozenset(
+    {"inventory", "applied", "applied_units", "spec", "topology", "bookings", "deliveries"}
+)
 FLAG_COLUMNS = frozenset({"tenant_owned", "pending_reboot"})  # 0/1 integers, read as bools
 NODE_FIELDS = tuple(f"{c}_json" if c in JSON_COLUMNS else c for c in NODE_COLUMNS)
 _FIELD_OF = dict(zip(NODE_COLUMNS, NODE_FIELDS, strict=True))
@@ -100,6 +106,17 @@ class NodeRow(Struct, frozen=True, kw_only=True, dict=True):
     drain_started_at: str | None
     drain_deadline: str | None
     removed_at: str | None
+    topology_json: str | None  # D2: the host's GPU and CPU topology (capacity/topology.py)
+    bookings_json: str | None  # D5: the bookings its NodeSpec carries
+    deliveries_json: str | None  # D5-D7: the agent's last report of its bookings
+    free_atoms: int  # placeable GPU atoms not booked: the placer's bin-packing order
+
+    @cached_property
+    def bookings(self) -> list[Booking]:
+        """D5: the node's live and releasing bookings, as its NodeSpec carries them."""
+        if not self.bookings_json:
+            return []
+        return msgspec.json.decode(self.bookings_json, type=list[Booking])
 
     @cached_property
     def inventory(self) -> Inventory | None:

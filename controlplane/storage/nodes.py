@@ -206,6 +206,16 @@ def reconcile_row_of(db: Database, node_id: str) -> ReconcileRow | None:
     return None if found is None else reconcile_row(found)
 
 
+def count_free_atoms(db: Database, node_ids: Iterable[str]) -> None:
+    """The nodes' ``free_atoms`` (the bin-packing order) follow their atoms."""
+    db.executemany(
+        "UPDATE nodes SET free_atoms = (SELECT count(*) FROM node_devices d "
+        "WHERE d.node_id = nodes.id AND d.allocated = 0 AND d.unhealthy = 0 AND d.held = 0) "
+        "WHERE id = ?",
+        [(node_id,) for node_id in node_ids],
+    )
+
+
 def mark_stale(db: Database, node_ids: Iterable[str]) -> None:
     """The node is reconciled (and its spec rendered) again at the next pass: its bookings
     moved, which a MIG layout (U3) and drain-gated units (H4) depend on."""

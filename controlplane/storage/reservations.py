@@ -1,7 +1,7 @@
 """SQL for reservations and their bookings (atoms and node_resources rows)."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from controlplane.storage.ledger_types import BookingRow
 from controlplane.storage.nodes import SCHEDULABLE
@@ -83,79 +83,113 @@ def pending(db: Database) -> list[ReservationRow]:
 # --- the placer's reads and writes -----------------------------------------
 
 
-def nodes_with_free_atoms(
-    db: Database,
-    pool_id: str,
-    resource: str,
-    profile: str | None,
-    count: int,
-    limit: int,
-    after: str = "",
-) -> list[str]:
-    """Ready nodes of the pool after ``after`` with at least ``count`` free atoms, in node order.
+class Candidate(NamedTuple):
+    """A node the placer weighs: its free placeable atoms and what it knows of its topology."""
 
-    The index on (resource, allocated, node_id) streams free atoms node by node, so the
-    scan stops at the first nodes that fit.
-    """
-    profile_filter = "AND d.profile = ?" if profile is not None else ""
-    params: list[Any] = [
-        resource,
-        after,
-        *([profile] if profile is not None else []),
-        pool_id,
-        count,
-        limit,
-    ]
+    node_id: str
+    hostname: str
+    free_atoms: int
+    topology: str | None
+    logical_cpus: int
+
+
+CANDIDATE_COLUMNS = "n.id, n.hostname, n.free_atoms, n.topology, n.logical_cpus"
+
+
+def packed_candidates(
+    db: Database, pool_id: str, count: int, after: tuple[int, str], limit: int
+) -> list[Candidate]:
+    """D2: schedulable nodes of the pool with at least ``count`` free placeable atoms, the
+    fewest free first (bin-packing), then by id, after ``after`` (free, id): the index on
+    (pool, free_atoms, id) streams them."""
     found = db.execute(
-        "SELECT d.node_id FROM node_devices d JOIN nodes n ON n.id = d.node_id "
-        f"WHERE d.resource = ? AND d.allocated = 0 AND d.node_id > ? {profile_filter} "
-        "AND d.unhealthy = 0 AND d.held = 0 AND n.pool_id = ? AND " + SCHEDULABLE + " "
-        "GROUP BY d.node_id HAVING count(*) >= ? ORDER BY d.node_id LIMIT ?",
-        params,
+        f"SELECT {CANDIDATE_COLUMNS} FROM nodes n WHERE n.pool_id = ? AND n.removed_at IS NULL "
+        "AND n.free_atoms >= ? AND (n.free_atoms > ? OR (n.free_atoms = ? AND n.id > ?)) AND "
+        + SCHEDULABLE
+        + " ORDER BY n.free_atoms, n.id LIMIT ?",
+        [pool_id, count, after[0], after[0], after[1], limit],
     )
-    return [row[0] for row in found]
+    return [Candidate(*row) for row in found]
 
 
-def ready_nodes(db: Database, pool_id: str, limit: int, after: str = "") -> list[str]:
+def first_fit_candidates(
+    db: Database, pool_id: str, count: int, after: str, limit: int
+) -> list[Candidate]:
+    """D2 ``none``: schedulable nodes with at least ``count`` free atoms in id order."""
     found = db.execute(
-        "SELECT id FROM nodes n WHERE pool_id = ? AND " + SCHEDULABLE + " AND id > ? "
-        "ORDER BY id LIMIT ?",
-        [pool_id, after, limit],
+        f"SELECT {CANDIDATE_COLUMNS} FROM nodes n WHERE n.pool_id = ? AND n.removed_at IS NULL "
+        "AND n.free_atoms >= ? AND n.id > ? AND " + SCHEDULABLE + " ORDER BY n.id LIMIT ?",
+        [pool_id, count, after, limit],
     )
-    return [row[0] for row in found]
+    return [Candidate(*row) for row in found]
 
 
-def free_rows(db: Database, node_id: str) -> dict[str, int]:
-    found = db.execute(
-        "SELECT resource, capacity - allocated FROM node_resources WHERE node_id = ?", [node_id]
-    )
-    return {row[0]: row[1] for row in found}
-
-
-def book_atoms(
-    db: Database,
-    node_id: str,
-    resource: str,
-    profile: str | None,
-    count: int,
-    reservation_id: str,
-) -> int:
-    """Book ``count`` free, placeable atoms (healthy, not held: H2, H4, H5) of the node for
-    the reservation; returns how many were booked."""
+def free_atoms_of(
+    db: Database, node_ids: Sequence[str], resource: str, profile: str | None
+) -> dict[str, list[tuple[str, str]]]:
+    """Per node, its free placeable atoms of ``resource`` (and MIG ``profile``) as
+    (device id, GPU UUID) in device order."""
+    if not node_ids:
+        return {}
+    marks = ", ".join("?" for _ in node_ids)
     profile_filter = "AND profile = ?" if profile is not None else ""
-    params: list[Any] = [
-        reservation_id,
-        node_id,
-        resource,
-        *([profile] if profile is not None else []),
-        count,
-    ]
+    found = db.execute(
+        f"SELECT node_id, device_id, gpu_uuid FROM node_devices WHERE node_id IN ({marks}) "
+        f"AND resource = ? AND allocated = 0 AND unhealthy = 0 AND held = 0 {profile_filter} "
+        "ORDER BY node_id, device_id",
+        [*node_ids, resource, *([profile] if profile is not None else [])],
+    )
+    free: dict[str, list[tuple[str, str]]] = {node_id: [] for node_id in node_ids}
+    for node_id, device_id, gpu_uuid in found:
+        free[node_id].append((device_id, gpu_uuid))
+    return free
+
+
+def book_devices(db: Database, node_id: str, device_ids: Sequence[str], reservation_id: str) -> int:
+    """Book these atoms of the node for the reservation, each only while it is free and
+    placeable (H2, H4, H5); returns how many were booked."""
+    marks = ", ".join("?" for _ in device_ids)
     return db.execute(
-        "UPDATE node_devices SET allocated = 1, reservation_id = ? WHERE node_id = ? AND device_id IN ("
-        "SELECT device_id FROM node_devices WHERE node_id = ? AND resource = ? AND allocated = 0 "
-        f"AND unhealthy = 0 AND held = 0 {profile_filter} ORDER BY device_id LIMIT ?)",
-        [reservation_id, node_id, *params[1:]],
+        "UPDATE node_devices SET allocated = 1, reservation_id = ? WHERE node_id = ? "
+        f"AND device_id IN ({marks}) AND allocated = 0 AND unhealthy = 0 AND held = 0",
+        [reservation_id, node_id, *device_ids],
     ).rowcount
+
+
+def pinned_cpus(db: Database, node_id: str) -> set[int]:
+    """D3: the node's CPUs a live or releasing booking holds exclusively."""
+    found = db.execute("SELECT cpu FROM node_cpus WHERE node_id = ?", [node_id])
+    return {int(row[0]) for row in found}
+
+
+def pin_cpus(db: Database, node_id: str, cpus: Sequence[int], reservation_id: str) -> None:
+    """D3, D8: the CPUs are the reservation's alone (the primary key refuses a second)."""
+    db.executemany(
+        "INSERT INTO node_cpus (node_id, cpu, reservation_id) VALUES (?, ?, ?)",
+        [(node_id, cpu, reservation_id) for cpu in cpus],
+    )
+
+
+def row_ratio(db: Database, node_id: str, resource: str) -> float | None:
+    found = db.execute(
+        "SELECT ratio FROM node_resources WHERE node_id = ? AND resource = ?",
+        [node_id, resource],
+    ).fetchone()
+    return None if found is None else float(found[0])
+
+
+def free_rows_of(db: Database, node_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+    """Per node, per resource, what its node_resources rows have left to book."""
+    marks = ", ".join("?" for _ in node_ids)
+    found = db.execute(
+        "SELECT node_id, resource, capacity - allocated FROM node_resources "
+        f"WHERE node_id IN ({marks})",
+        list(node_ids),
+    )
+    free: dict[str, dict[str, int]] = {}
+    for node_id, resource, left in found:
+        free.setdefault(node_id, {})[resource] = int(left)
+    return free
 
 
 def book_row(db: Database, node_id: str, resource: str, amount: int) -> bool:
@@ -185,11 +219,49 @@ def bookings_of(db: Database, reservation_id: str) -> list[BookingRow]:
 
 
 def free_atoms(db: Database, reservation_id: str) -> None:
-    """The atoms booked for the reservation are free again."""
+    """The atoms and pinned CPUs booked for the reservation are free again."""
     db.execute(
         "UPDATE node_devices SET allocated = 0, reservation_id = NULL WHERE reservation_id = ?",
         [reservation_id],
     )
+    db.execute("DELETE FROM node_cpus WHERE reservation_id = ?", [reservation_id])
+
+
+def mark_releasing(db: Database, reservation_id: str, releasing: bool) -> None:
+    """D7: the reservation's bookings are held for the host to confirm their release."""
+    db.execute(
+        "UPDATE bookings SET releasing = ? WHERE reservation_id = ?",
+        [int(releasing), reservation_id],
+    )
+
+
+HELD = "(state IN ('placed', 'active') OR delivery_state IN ('releasing', 'release-blocked'))"
+
+
+def held_on_node(db: Database, node_id: str) -> list[ReservationRow]:
+    """D5, D7: the node's live and releasing reservations: what its NodeSpec carries."""
+    return _select(db, f"WHERE node_id = ? AND {HELD} ORDER BY id", [node_id])
+
+
+def held_on_nodes(db: Database, node_ids: Sequence[str]) -> list[ReservationRow]:
+    """``held_on_node`` for many nodes at once (a page of nodes/list)."""
+    if not node_ids:
+        return []
+    marks = ", ".join("?" for _ in node_ids)
+    return _select(db, f"WHERE node_id IN ({marks}) AND {HELD} ORDER BY id", list(node_ids))
+
+
+def releasing_on_node(db: Database, node_id: str) -> list[ReservationRow]:
+    return _select(
+        db,
+        "WHERE node_id = ? AND delivery_state IN ('releasing', 'release-blocked') ORDER BY id",
+        [node_id],
+    )
+
+
+def undelivered(db: Database) -> list[ReservationRow]:
+    """D6: placed reservations whose host has not yet delivered them."""
+    return _select(db, "WHERE state = 'placed' AND delivery_state = 'pending' ORDER BY id")
 
 
 def row_allocated(db: Database, node_id: str, resource: str) -> int | None:

@@ -22,6 +22,7 @@ from msgspec import UNSET, Struct
 
 from shared.errors import InvalidInput, InvalidState
 from shared.policy import Policy, parse_policy
+from shared.schemas.reservations import Placement
 
 
 class PoolRow(Struct, frozen=True, kw_only=True, dict=True):
@@ -157,11 +158,22 @@ class ReservationRow(Struct, frozen=True, kw_only=True, dict=True):
     updated_at: str
     placed_at: str | None
     ended_at: str | None
+    placement_json: str | None = None  # D4: what it holds on its node, once placed
+    delivery_state: str | None = None  # D5-D7: pending … released, once placed
+    delivery_reason: str | None = None
+    delivery_at: str | None = None
 
     @cached_property
     def resources(self) -> dict[str, int]:
         """Per resource, the amount asked for."""
         return msgspec.json.decode(self.resources_json, type=dict[str, int])
+
+    @cached_property
+    def placement(self) -> Placement | None:
+        """D4: the devices, CPUs and memory it holds, once placed."""
+        if not self.placement_json:
+            return None
+        return msgspec.json.decode(self.placement_json, type=Placement)
 
 
 def stored_policy(text: str) -> dict[str, Any] | None:
@@ -271,6 +283,10 @@ def reservation_row(row: Mapping[str, Any]) -> ReservationRow:
         updated_at=row["updated_at"],
         placed_at=row["placed_at"],
         ended_at=row["ended_at"],
+        placement_json=row["placement"],
+        delivery_state=row["delivery_state"],
+        delivery_reason=row["delivery_reason"],
+        delivery_at=row["delivery_at"],
     )
 
 
@@ -278,4 +294,5 @@ def reservation_columns(row: ReservationRow) -> dict[str, Any]:
     """The row as the columns store it (``resources`` as JSON text)."""
     columns = msgspec.structs.asdict(row)
     columns["resources"] = columns.pop("resources_json")
+    columns["placement"] = columns.pop("placement_json")
     return columns

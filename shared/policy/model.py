@@ -117,6 +117,14 @@ class Admission(Section):
     budgetCheck: Literal["meter"] | UnsetType = UNSET
 
 
+class Placement(Section, kw_only=True):
+    """D2, D6: how the placer weighs topology, and how long a placed booking may wait for its
+    host to deliver it."""
+
+    topology: Literal["preferred", "strict", "none"] = "preferred"
+    deliverWithinSeconds: Annotated[int, Meta(ge=30, le=86400)] = 600
+
+
 class Policy(Struct, kw_only=True):
     """The known fields of a policy; anything else is ignored here and stored as given (P9)."""
 
@@ -145,6 +153,7 @@ class Policy(Struct, kw_only=True):
         | UnsetType
     ) = UNSET
     admission: Admission | UnsetType = UNSET
+    placement: Placement | UnsetType = UNSET
 
 
 @cache

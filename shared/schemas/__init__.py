@@ -41,6 +41,7 @@ from shared.schemas.iam import (
 )
 from shared.schemas.nodes import (
     Attestor,
+    BookingReport,
     CordonView,
     DeviceView,
     DrainView,
@@ -48,6 +49,7 @@ from shared.schemas.nodes import (
     Hostname,
     JoinTokenCreated,
     JoinTokensCreate,
+    NodeBookingView,
     NodeId,
     NodeJoined,
     NodeList,
@@ -100,6 +102,8 @@ from shared.schemas.quotas import (
 )
 from shared.schemas.reservations import (
     Amount,
+    Delivery,
+    Placement,
     ReservationId,
     ReservationList,
     ReservationResources,
@@ -128,6 +132,7 @@ __all__ = [
     "Amount",
     "Answer",
     "Attestor",
+    "BookingReport",
     "BudgetView",
     "BudgetsGet",
     "BudgetsSet",
@@ -144,6 +149,7 @@ __all__ = [
     "CredentialsRevoke",
     "CredentialsWhoami",
     "Cursor",
+    "Delivery",
     "DeviceView",
     "DisplayName",
     "DrainView",
@@ -160,6 +166,7 @@ __all__ = [
     "JoinTokenCreated",
     "JoinTokensCreate",
     "Meter",
+    "NodeBookingView",
     "NodeId",
     "NodeJoined",
     "NodeList",
@@ -178,6 +185,7 @@ __all__ = [
     "NodesUncordon",
     "OfferView",
     "PageLimit",
+    "Placement",
     "PoolClass",
     "PoolId",
     "PoolList",

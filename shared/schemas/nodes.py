@@ -131,7 +131,9 @@ class NodeSpec(Answer):
     units: list[Unit]
     reboot: bool
     booked_gpus: list[str]  # H4: GPUs with a live booking when the spec was rendered
-    bookings: list[Booking] = []  # D5: the node's live and releasing bookings to deliver
+    bookings: list[Booking] = msgspec.field(
+        default_factory=list
+    )  # D5: the node's live and releasing bookings to deliver
 
 
 class ResourceRowView(Answer):
@@ -209,7 +211,9 @@ class NodeView(Answer):
     cordon: CordonView | None
     drain: DrainView | None
     applied: dict[str, Any] | None  # the agent's last apply: spec version and each unit's outcome
-    bookings: list[NodeBookingView] = []  # D4: live and releasing bookings (the owner's view)
+    bookings: list[NodeBookingView] = msgspec.field(
+        default_factory=list
+    )  # D4: live and releasing bookings (the owner's view)
 
 
 class NodeList(Answer):

@@ -99,7 +99,9 @@ class Placement(Answer):
     topology: PlacedTopology
 
 
-DeliveryState = Literal["pending", "delivered", "failed", "releasing", "released", "release-blocked"]
+DeliveryState = Literal[
+    "pending", "delivered", "failed", "releasing", "released", "release-blocked"
+]
 
 
 class Delivery(Answer):
