@@ -262,7 +262,7 @@ class Applier:
                 status, entry = self._apply(unit, spec, had)
             except (OSError, CommandFailed) as exc:
                 # Not recorded: a failed unit is tried again next time.
-                results.append(UnitResult(unit.id, "failed", _error(exc)))
+                results.append(UnitResult(unit.id, "failed", error_text(exc)))
                 continue
             if unit.needs == "drain" and unit.gpus:
                 entry = {**entry, "gpus": list(unit.gpus)}  # undoing it waits for them too
@@ -278,7 +278,7 @@ class Applier:
             try:
                 status = self._remove(record[unit_id])
             except (OSError, CommandFailed) as exc:
-                results.append(UnitResult(unit_id, "failed", _error(exc)))
+                results.append(UnitResult(unit_id, "failed", error_text(exc)))
                 continue
             del record[unit_id]
             results.append(UnitResult(unit_id, status))
@@ -437,7 +437,8 @@ class Applier:
             raise CommandFailed(f"{' '.join(argv)} exited {outcome.returncode}: {outcome.output}")
 
 
-def _error(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """An OSError or a failed command, as a unit's (or a booking's) outcome says it."""
     if isinstance(exc, OSError):
         return f"{exc.strerror or exc}: {exc.filename or ''}".strip()
     return str(exc)

@@ -10,6 +10,11 @@ state file is set aside by ``State`` and the loop carries on (R9). The loop is
 synchronous (one request at a time needs no event loop) and stops promptly when
 ``stop`` is set.
 
+Each apply (also of the kept spec while the control plane is away) applies the units,
+then delivers and releases the spec's bookings (agent/delivery.py: D5, D7); their
+outcomes go with every report, and a cycle whose units' or bookings' outcomes moved
+reports again at once, so a placed booking is active within two cycles (D9).
+
 Watchdog pings (R9): only a cycle that did its work is followed by pings, so a
 loop that keeps failing is restarted by systemd's watchdog rather than reported
 healthy.
@@ -27,7 +32,8 @@ import structlog
 
 from agent.apply import Applier
 from agent.client import ControlPlane, Refused, Unreachable
-from agent.state import NodeCredential, State, units_of
+from agent.delivery import Deliverer
+from agent.state import NodeCredential, State, bookings_of, check, units_of
 from shared.inventory import Inventory
 from shared.sdnotify import Notifier
 
@@ -62,18 +68,21 @@ class Agent:
         client: ControlPlane,
         applier: Applier | None,
         notifier: Notifier | None = None,
+        deliverer: Deliverer | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
         self.take_inventory = take_inventory
         self.client = client
         self.applier = applier  # None with --dry-run: the spec is fetched and kept, not applied
+        self.deliverer = deliverer  # None with --dry-run too: bookings are planned, not delivered
         self.notifier = notifier or Notifier()  # a no-op outside systemd
         self.announced = False
         self.shown_status = ""  # the STATUS systemd was last sent
         self.failures = 0  # cycles in a row that found the control plane away
         self.rejoin_failures = 0  # joins again in a row that were refused
         self.applied: Any | None = None  # the last apply's report, sent with every report
+        self.bookings: list[Any] | None = None  # the bookings' last outcomes, sent likewise
 
     def backoff(self, failures: int, cap: float) -> float:
         """Full jitter: a random wait up to base × 2^failures, capped."""
@@ -106,7 +115,7 @@ class Agent:
     ) -> tuple[NodeCredential, Any]:
         try:
             answer = self.client.report(
-                credential.token, credential.node_id, inventory, self.applied
+                credential.token, credential.node_id, inventory, self.applied, self.bookings
             )
         except Refused as exc:
             if exc.status != 401:
@@ -118,7 +127,7 @@ class Agent:
                 log.warning("node credential refused; joining again", node=credential.node_id)
             credential = self.join(inventory, again=True)
             answer = self.client.report(
-                credential.token, credential.node_id, inventory, self.applied
+                credential.token, credential.node_id, inventory, self.applied, self.bookings
             )
         return credential, answer
 
@@ -132,31 +141,36 @@ class Agent:
         spec = self.state.spec()
         if spec is None or spec.get("version") != answer["specVersion"]:
             spec = self.client.spec(credential.token, credential.node_id)
-            units_of(spec)  # one this agent cannot read is refused here, never kept (R9)
+            check(spec)  # one this agent cannot read is refused here, never kept (R9)
             self.state.save_spec(spec)
             log.info("new spec", version=spec["version"], dry_run=self.settings.dry_run)
-        if self.apply(spec):
+        if self.apply(spec, inventory):
             # The control plane hears the outcome now, with the host as the apply left it (a
-            # MIG repartition changed its GPUs' instances: H4 hands their atoms back on this).
+            # MIG repartition changed its GPUs' instances: H4 hands their atoms back on this;
+            # a booking delivered becomes active: D6).
             self.report(credential, self.take_inventory())
 
-    def apply(self, spec: dict[str, Any] | None) -> bool:
-        """Apply a spec (the kept one when the control plane is away); True if the outcome moved.
+    def apply(self, spec: dict[str, Any] | None, inventory: Inventory) -> bool:
+        """Apply a spec (the kept one when the control plane is away), then deliver its
+        bookings on the host ``inventory`` shows; True if either outcome moved.
 
         Every cycle, not only on a new spec: what drifted on the host is put back.
         """
         if self.applier is None or spec is None:
             return False
         applied = msgspec.to_builtins(self.applier.apply(units_of(spec)))
-        if applied == self.applied:
+        bookings = self.bookings
+        if self.deliverer is not None:
+            bookings = msgspec.to_builtins(self.deliverer.deliver(bookings_of(spec), inventory))
+        if (applied, bookings) == (self.applied, self.bookings):
             return False
-        self.applied = applied
+        self.applied, self.bookings = applied, bookings
         return True
 
     def apply_kept(self) -> bool:
         """Apply the kept spec while the control plane is away; False if that failed."""
         try:
-            self.apply(self.state.spec())
+            self.apply(self.state.spec(), self.take_inventory())
         except Exception:
             log.exception("cannot apply the kept spec")
             return False

@@ -14,11 +14,12 @@ import msgspec
 
 from agent.apply import RECORD, Applier, runner_for
 from agent.client import ControlPlane, ControlPlaneError
+from agent.delivery import Deliverer
 from agent.inventory import FixtureError, InventoryCollector, collect_inventory
 from agent.inventory.nvml.api import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings
 from agent.plan import describe, for_people, read_host, write_tree
-from agent.state import State, units_of
+from agent.state import State, bookings_of, units_of
 from shared.errors import InvalidInput
 from shared.gpu import with_families
 from shared.inventory import Inventory
@@ -114,6 +115,14 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
     help="Fetch and keep the NodeSpec; apply nothing. At exit (with --once: after its cycle) "
     "print the plan of the kept NodeSpec against the host under --root; logs go to stderr.",
 )
+@click.option(
+    "--release-timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds a booking's release may take (its slice stopped, no compute process left on "
+    "its GPUs) before it is reported release-blocked with the pids still there (D7).",
+)
 @click.option("--once", is_flag=True, help="One cycle, then exit.")
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
@@ -130,11 +139,13 @@ def run(
     rejoin_backoff_max: float,
     root: Path,
     dry_run: bool,
+    release_timeout: float,
     once: bool,
     log_format: str,
     as_json: bool,
 ) -> None:
-    """Join the pool once, then report inventory and fetch the NodeSpec every interval."""
+    """Join the pool once, then report inventory, apply the NodeSpec and deliver its bookings
+    every interval."""
     configure_logging(
         json=None if log_format == "auto" else log_format == "json",
         stream=sys.stderr if dry_run else sys.stdout,  # a dry run's stdout is its plan
@@ -164,8 +175,18 @@ def run(
     except ValueError as exc:  # FixtureError, or --fixture-host alone: refused before any join
         raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
     notifier = Notifier.from_environment()
-    applier = None if dry_run else Applier(root, state_dir, runner_for(root, notifier))
-    agent = Agent(settings, State(state_dir), collector.collect, client, applier, notifier)
+    runner = runner_for(root, notifier)  # units and bookings alike: recorded under a directory
+    deliverer = Deliverer(root, state_dir, runner, collector.compute_processes, release_timeout)
+    applier = None if dry_run else Applier(root, state_dir, runner)
+    agent = Agent(
+        settings,
+        State(state_dir),
+        collector.collect,
+        client,
+        applier,
+        notifier,
+        None if dry_run else deliverer,
+    )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Stop between requests and exit 0, as systemd expects of a stop.
@@ -173,7 +194,7 @@ def run(
     try:
         agent.run(stop, once=once)
         if dry_run:
-            _plan_kept_spec(State(state_dir), root, collector.collect, as_json)
+            _plan_kept_spec(State(state_dir), root, collector.collect, deliverer, as_json)
     except JoinRefused as exc:
         click.echo(f"better-compute-agent: the control plane refused this host: {exc}", err=True)
         sys.exit(2)
@@ -193,16 +214,23 @@ def _echo_plan(plan: dict[str, Any], as_json: bool) -> None:
 
 
 def _plan_kept_spec(
-    state: State, root: Path, take_inventory: Callable[[], Inventory], as_json: bool
+    state: State,
+    root: Path,
+    take_inventory: Callable[[], Inventory],
+    deliverer: Deliverer,
+    as_json: bool,
 ) -> None:
-    """--dry-run: the plan of the NodeSpec the agent keeps, against the host under root."""
+    """--dry-run: the plan of the NodeSpec the agent keeps, its bookings' delivery steps
+    included (D5), against the host under root."""
     kept = state.spec()
     if kept is None:
         click.echo("better-compute-agent: no NodeSpec fetched yet: nothing to plan", err=True)
         return
     spec = units_of(kept)
-    host = read_host(spec, root, take_inventory(), state.directory / RECORD)
-    _echo_plan(describe(spec, host), as_json)
+    inventory = take_inventory()
+    bookings = deliverer.plan(bookings_of(kept), inventory)
+    host = read_host(spec, root, inventory, state.directory / RECORD, bookings)
+    _echo_plan(describe(spec, host, bookings), as_json)
 
 
 @cli.command()

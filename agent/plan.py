@@ -5,7 +5,10 @@ Its ``units`` are the spec's units in apply order, each with the files it writes
 (the kernel arguments' boot loader drop-in included) and the commands it runs
 (agent/apply.py's own list: update-grub, modprobe, sysctl -w, systemctl
 daemon-reload and enable or restart, the unit's command), then the units an
-earlier apply left that this spec undoes. An apply skips a unit the host already
+earlier apply left that this spec undoes. ``bookings`` are the delivery steps that
+follow the units (agent/delivery.py ``Deliverer.plan``: D5, D7): per booking, the
+files written (with their content), deleted, and the commands run (systemctl
+daemon-reload, start or stop of its slice). An apply skips a unit the host already
 is as it says (the file in place, the module loaded, the command run for this
 content); the ``diff`` shows where the host is not yet. It compares with the host:
 files that differ (a unified diff) or are new, kernel arguments to add or to
@@ -18,7 +21,7 @@ import difflib
 import json
 import shlex
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,13 +88,20 @@ def write_tree(spec: NodeSpecUnits, out: Path) -> list[str]:
 
 
 def read_host(
-    spec: NodeSpecUnits, root: Path, inventory: Inventory | None, record: Path | None = None
+    spec: NodeSpecUnits,
+    root: Path,
+    inventory: Inventory | None,
+    record: Path | None = None,
+    bookings: Sequence[dict[str, Any]] = (),
 ) -> Host:
     """The host under ``root`` as far as the plan compares: the files the spec writes or an
-    earlier apply left (``record``: the agent's applied.json), /proc/cmdline, and the inventory."""
+    earlier apply left (``record``: the agent's applied.json), those the ``bookings`` steps
+    write or delete, /proc/cmdline, and the inventory."""
     found = {} if record is None else _record(record)
     paths = {DROP_IN_PATH} | {t[0] for t in map(_written, spec.units) if t is not None}
     paths |= {p for p in map(undone_file, found.values()) if p is not None}
+    for step in bookings:
+        paths |= {f["path"] for f in step["files"]} | set(step["delete"])
     files = {}
     for path in sorted(paths):
         target = root / path.lstrip("/")
@@ -120,9 +130,12 @@ def _mode(mode: int) -> str:
     return f"{mode:04o}"
 
 
-def describe(spec: NodeSpecUnits, host: Host | None = None) -> dict[str, Any]:
-    """What applying the spec would do: ``units`` in apply order, the same grouped the way an
-    operator reads them, and (given the host) the ``diff`` against it."""
+def describe(
+    spec: NodeSpecUnits, host: Host | None = None, bookings: Sequence[dict[str, Any]] = ()
+) -> dict[str, Any]:
+    """What applying the spec would do: ``units`` in apply order, then the ``bookings``'
+    delivery steps, the same grouped the way an operator reads them, and (given the host) the
+    ``diff`` against it."""
     record = {} if host is None else host.record
     booked = set(spec.booked_gpus)
     steps: list[dict[str, Any]] = []
@@ -140,7 +153,8 @@ def describe(spec: NodeSpecUnits, host: Host | None = None) -> dict[str, Any]:
         # ones with a live booking now, for which the agent would hold the unit back.
         "drain": [],
         "bookedGpus": list(spec.booked_gpus),
-        "diff": None if host is None else _diff(spec, host),
+        "bookings": list(bookings),  # D5, D7: delivered and released after the units
+        "diff": None if host is None else _diff(spec, host, bookings),
     }
     for unit in spec.units:
         written = _written(unit)
@@ -179,13 +193,18 @@ def describe(spec: NodeSpecUnits, host: Host | None = None) -> dict[str, Any]:
         )
     plan["commands"] = [
         {"unit": step["id"], "argv": argv, "needs": step.get("needs", "nothing")}
-        for step in steps
+        for step in [*steps, *bookings]
         for argv in step["commands"]
+    ]
+    plan["files"] += [
+        {"path": f["path"], "mode": f["mode"], "needs": "nothing"}
+        for step in bookings
+        for f in step["files"]
     ]
     return plan
 
 
-def _diff(spec: NodeSpecUnits, host: Host) -> dict[str, Any]:
+def _diff(spec: NodeSpecUnits, host: Host, bookings: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The host as it is against the spec: files, kernel arguments, MIG layouts."""
     files = []
     for unit in spec.units:
@@ -199,6 +218,12 @@ def _diff(spec: NodeSpecUnits, host: Host) -> dict[str, Any]:
         path = undone_file(host.record[unit_id])
         if path is not None and path in host.files:
             files.append({"path": path, "change": "deleted"})
+    for step in bookings:
+        for f in step["files"]:
+            change = _file_change(f["path"], f["content"], int(f["mode"], 8), host)
+            if change is not None:
+                files.append(change)
+        files += [{"path": path, "change": "deleted"} for path in step["delete"]]
     return {
         "root": host.root,
         "files": files,
@@ -326,6 +351,18 @@ def _step_lines(number: str, step: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _booking_lines(step: dict[str, Any]) -> list[str]:
+    outcome = step["outcome"]
+    if outcome == "releasing":
+        outcome = "not released yet, tried again next cycle"
+    reason = f" ({step['reason']})" if step["reason"] else ""
+    lines = [f"  {step['id']} ({step['state']}): {outcome}{reason}"]
+    lines += [f"       write {f['path']} ({f['mode']})" for f in step["files"]]
+    lines += [f"       delete {path}" for path in step["delete"]]
+    lines += [f"       run {shlex.join(argv)}" for argv in step["commands"]]
+    return lines
+
+
 def _diff_lines(diff: dict[str, Any]) -> list[str]:
     lines = [f"against the host at {diff['root']}:"]
     for change in diff["files"]:
@@ -373,6 +410,9 @@ def for_people(plan: dict[str, Any]) -> str:
     width = len(str(len(steps)))
     for number, step in enumerate(steps, 1):
         lines += _step_lines(f"{number:>{width}}.", step)
+    if plan["bookings"]:
+        lines.append("bookings (delivered and released after the units):")
+        lines += [line for step in plan["bookings"] for line in _booking_lines(step)]
     if plan["drain"]:
         lines.append("drain-gated units (applied once their GPUs are idle):")
         for item in plan["drain"]:

@@ -20,7 +20,7 @@ import msgspec
 import structlog
 
 from shared.files import atomic_write, write_secret
-from shared.nodespec import NodeSpecUnits
+from shared.nodespec import Booking, NodeSpecUnits
 
 log = structlog.get_logger("agent")
 
@@ -68,6 +68,17 @@ def units_of(spec: dict[str, Any]) -> NodeSpecUnits:
         NodeSpecUnits,
         strict=False,
     )
+
+
+def bookings_of(spec: dict[str, Any]) -> list[Booking]:
+    """The bookings a NodeSpec carries for the agent to deliver (D5); ValidationError if unreadable."""
+    return msgspec.convert(spec.get("bookings", []), list[Booking], strict=False)
+
+
+def check(spec: dict[str, Any]) -> None:
+    """Raise ValidationError for a spec whose units or bookings this agent cannot read."""
+    units_of(spec)
+    bookings_of(spec)
 
 
 class State:
@@ -126,10 +137,10 @@ class State:
             set_aside(path, "not a NodeSpec: an object with a string version")
             return None
         try:
-            units_of(found)
+            check(found)
         except msgspec.ValidationError as exc:
-            # A spec whose units cannot be read would fail every cycle, and with its version
-            # still current it would never be fetched again (R9): set it aside, fetch anew.
+            # A spec whose units or bookings cannot be read would fail every cycle, and with its
+            # version still current it would never be fetched again (R9): set it aside, fetch anew.
             set_aside(path, f"not a NodeSpec: {exc}")
             return None
         return found

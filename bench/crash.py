@@ -667,6 +667,15 @@ def audit(db_path: Path, acked: Ledger, where: str) -> Audit:
                 db, "SELECT id, tenant_id, pool_id, resources, state, node_id FROM reservations"
             )
         }
+        # D7: an ended reservation holds its bookings until its host confirms the release.
+        holding = {
+            r[0]
+            for r in _fetch(
+                db,
+                "SELECT id FROM reservations WHERE state IN ('placed', 'active') "
+                "OR delivery_state IN ('releasing', 'release-blocked')",
+            )
+        }
         bookings = _fetch(db, "SELECT reservation_id, node_id, resource, amount FROM bookings")
         node_rows = _fetch(db, "SELECT node_id, resource, capacity, allocated FROM node_resources")
         devices = _fetch(
@@ -727,7 +736,7 @@ def audit(db_path: Path, acked: Ledger, where: str) -> Audit:
     booked_of: defaultdict[str, dict[str, int]] = defaultdict(dict)
     booking_node: dict[tuple[str, str], str] = {}
     for rid, node_id, resource, amount in bookings:
-        if rid in reservations and reservations[rid][3] in HELD:
+        if rid in holding:
             held_sum[(node_id, resource)] += amount
             booked_of[rid][resource] = amount
             booking_node[(rid, resource)] = node_id
@@ -755,7 +764,7 @@ def audit(db_path: Path, acked: Ledger, where: str) -> Audit:
             continue
         state = reservations[rid][3] if rid in reservations else None
         result.check(
-            state in HELD,
+            rid in holding,
             f"atom {node_id}/{device_id} booked by {rid} in state {state}",
         )
         result.check(
@@ -764,7 +773,7 @@ def audit(db_path: Path, acked: Ledger, where: str) -> Audit:
         )
         atoms_of[(rid, node_id, resource)] += 1
     for rid, (_, _, _, state, node_id) in reservations.items():
-        if state not in HELD:
+        if rid not in holding:
             continue
         result.check(
             booked_of.get(rid, {}) == asked_of[rid],

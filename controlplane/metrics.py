@@ -54,7 +54,8 @@ UNIT_FAILURES = Counter(
 )
 
 NODE_STATES = (CONFIGURING, READY, QUARANTINED, LOST)
-LEDGER_KINDS = ("total", "schedulable", "allocated", "available")  # offered comes beside (H6)
+# offered comes beside (H6)
+LEDGER_KINDS = ("total", "schedulable", "allocated", "available", "releasing")
 
 Count = tuple[str, str, int]  # (pool, state, how many)
 
@@ -140,8 +141,8 @@ class FleetGauges:
             nodes.add_metric([pool, state], n)
         capacity = GaugeMetricFamily(
             "bc_capacity",
-            "The capacity ledger (H6) by pool, resource and kind: total, schedulable, "
-            "allocated, available, offered",
+            "The capacity ledger (H6, D7) by pool, resource and kind: total, schedulable, "
+            "allocated, available, releasing, offered",
             labels=["pool", "resource", "kind"],
         )
         for pool, resource, kind, amount in snapshot.capacity:

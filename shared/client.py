@@ -127,11 +127,19 @@ class ControlPlane:
         return self.call("compute/nodes/join", body)
 
     def report(
-        self, token: str, node_id: str, inventory: Inventory, applied: Any | None = None
+        self,
+        token: str,
+        node_id: str,
+        inventory: Inventory,
+        applied: Any | None = None,
+        bookings: list[Any] | None = None,
     ) -> Any:
+        """nodes/report; ``bookings``: each booking's delivery outcome (D5-D7), when given."""
         body: dict[str, Any] = {"nodeId": node_id, "inventory": msgspec.to_builtins(inventory)}
         if applied is not None:
             body["applied"] = applied
+        if bookings is not None:
+            body["bookings"] = bookings
         return self.call("compute/nodes/report", body, token)
 
     def spec(self, token: str, node_id: str) -> Any:

@@ -133,6 +133,34 @@ async def apply_spec(
     return dict(spec)
 
 
+async def host_confirms(
+    api: Api, node: dict[str, Any], inventory: Inventory, **states: str
+) -> dict[str, Any]:
+    """What an agent does with its bookings (D5-D7): fetch the spec and report each live
+    booking delivered and each ended one released, or as ``states`` says by reservation id
+    (``"failed:gpu busy"`` carries a reason). Returns the spec."""
+    headers = {"Authorization": f"Bearer {node['token']}"}
+    response = await api.client.post(
+        "/api/compute/nodes/spec", json={"nodeId": node["nodeId"]}, headers=headers
+    )
+    spec = await response.json()
+    assert response.status == 200, spec
+    bookings = []
+    for booking in spec["bookings"]:
+        rid = booking["reservationId"]
+        state, _, reason = states.get(
+            rid, "delivered" if booking["state"] == "live" else "released"
+        ).partition(":")
+        bookings.append({"reservationId": rid, "state": state, "reason": reason or None})
+    response = await api.client.post(
+        "/api/compute/nodes/report",
+        json={"nodeId": node["nodeId"], "inventory": wire(inventory), "bookings": bookings},
+        headers=headers,
+    )
+    assert response.status == 200, await response.json()
+    return dict(spec)
+
+
 async def held(
     api: Api, pool: str, tenant: str, resources: dict[str, int], token: str | None = None
 ) -> dict[str, Any]:

@@ -59,12 +59,30 @@ def host(unhealthy: int = 0) -> Inventory:
     return msgspec.structs.replace(base, gpus=gpus)
 
 
+# What each node joined here answered and reported: its credential and inventory.
+JOINED: dict[str, tuple[dict[str, Any], Inventory]] = {}
+
+
+def host_releases(cli: Cli, node_id: str) -> None:
+    """The node's agent confirms what its spec says is ended released (D7)."""
+    node, inventory = JOINED[node_id]
+    with ControlPlane(cli.env["BETTER_COMPUTE_URL"]) as plane:
+        spec = plane.spec(node["token"], node["nodeId"])
+        done = [
+            {"reservationId": b["reservationId"], "state": "released"}
+            for b in spec["bookings"]
+            if b["state"] == "release"
+        ]
+        plane.report(node["token"], node["nodeId"], inventory, bookings=done)
+
+
 def join(cli: Cli, pool_id: str, inventory: Inventory, apply: bool = True) -> str:
     """Join through the shared client as the agent does; with `apply`, report the NodeSpec
     applied as the agent's first cycle does, so the node is ready (H1)."""
     token = cli.ok_json("join-tokens", "create", pool_id, "--tenant", "root")["token"]
     with ControlPlane(cli.env["BETTER_COMPUTE_URL"]) as plane:
         node = plane.join(token, inventory.hostname, inventory)
+        JOINED[node["nodeId"]] = (node, inventory)
         if apply:
             spec = plane.spec(node["token"], node["nodeId"])
             units = [{"id": u["id"], "status": "applied"} for u in spec["units"]]
@@ -117,7 +135,7 @@ def test_cordon_and_uncordon_are_idempotent(cli: Cli) -> None:
 
 def test_drain_waits_for_bookings_then_is_drained(cli: Cli) -> None:
     """H3: drain cordons and waits while a booking is placed (the deadline as given), drained
-    once it ends; draining again changes nothing; uncordon undoes the drain."""
+    once it ends and its host releases it (D7); draining again changes nothing; uncordon undoes the drain."""
     pool_id, node = ready_node(cli)
     res = cli.ok_json("reservations", "create", pool_id, "--tenant", "root", "--resource", "gpu=1")
     assert res["state"] == "placed" and res["nodeId"] == node
@@ -132,6 +150,7 @@ def test_drain_waits_for_bookings_then_is_drained(cli: Cli) -> None:
     assert "drain:           draining: firmware (since " in cli(*drain).out
 
     cli("reservations", "end", res["id"], "--tenant", "root")
+    host_releases(cli, node)
     for _ in range(100):  # the reconciler's next pass sees nothing booked
         shown = cli.ok_json("nodes", "get", node, "--tenant", "root")
         if shown["drain"]["state"] == "drained":

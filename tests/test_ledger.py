@@ -8,7 +8,7 @@ import structlog
 from controlplane.capacity.bookings import Placement
 from controlplane.metrics import PLACEMENTS
 from tests.conftest import Api, execute
-from tests.nodes import DGX_POLICY, joined, one_pass, pool_with_token, recorded
+from tests.nodes import DGX_POLICY, host_confirms, joined, one_pass, pool_with_token, recorded
 
 
 def placements(result: Placement) -> float:
@@ -24,10 +24,12 @@ def placements(result: Placement) -> float:
 async def test_f6_a_release_past_zero_stores_zero_and_logs_the_bookkeeping_bug(
     api: Api, db: Path
 ) -> None:
-    """F6: ending a reservation gives back at most what quota ``used`` and the row's booked
-    amount hold: they stop at 0, and each shortfall is logged as a warning."""
+    """F6: ending a reservation (and its host releasing it, D7) gives back at most what quota
+    ``used`` and the row's booked amount hold: they stop at 0, and each shortfall is logged
+    as a warning."""
     pool, token = await pool_with_token(api, policy=DGX_POLICY, ownerQuota={"gpu": 8, "vcpu": 500})
-    await joined(api, token, recorded("dgx-h100-01"))
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
     placed = await api.ok(
         "compute/reservations/create",
         {"tenantId": "root", "poolId": pool, "resources": {"gpu": 2, "vcpu": 16}},
@@ -40,6 +42,7 @@ async def test_f6_a_release_past_zero_stores_zero_and_logs_the_bookkeeping_bug(
         ended = await api.ok(
             "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
         )
+        await host_confirms(api, node, inventory)
     assert ended["state"] == "ended"
     assert execute(db, "SELECT resource, used FROM quotas ORDER BY resource") == [
         ("gpu", 0),
@@ -58,7 +61,8 @@ async def test_f6_a_release_past_zero_stores_zero_and_logs_the_bookkeeping_bug(
 async def test_f6_a_release_within_the_ledger_logs_nothing(api: Api, db: Path) -> None:
     """F6: a release that the ledger holds gives back exactly what was booked, without a warning."""
     pool, token = await pool_with_token(api, policy=DGX_POLICY, ownerQuota={"gpu": 8, "vcpu": 500})
-    await joined(api, token, recorded("dgx-h100-01"))
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
     reserve = {"tenantId": "root", "poolId": pool}
     kept = await api.ok("compute/reservations/create", {**reserve, "resources": {"vcpu": 8}})
     placed = await api.ok("compute/reservations/create", {**reserve, "resources": {"vcpu": 16}})
@@ -66,10 +70,15 @@ async def test_f6_a_release_within_the_ledger_logs_nothing(api: Api, db: Path) -
         await api.ok(
             "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
         )
+        await host_confirms(api, node, inventory, **{kept["id"]: "delivered"})
     assert [entry for entry in logs if entry["log_level"] == "warning"] == []
     assert execute(db, "SELECT used FROM quotas WHERE resource = 'vcpu'") == [(8,)]
     assert execute(db, "SELECT allocated FROM node_resources WHERE resource = 'vcpu'") == [(8,)]
     assert kept["state"] == "placed"
+    got = await api.ok(
+        "compute/reservations/get", {"tenantId": "root", "reservationId": kept["id"]}
+    )
+    assert got["state"] == "active"
 
 
 async def test_m1_the_reconciler_counts_a_pending_reservation_that_fails(

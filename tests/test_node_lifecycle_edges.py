@@ -7,7 +7,17 @@ import msgspec
 
 from shared.inventory import Inventory
 from tests.conftest import Api, execute
-from tests.nodes import apply_spec, join, joined, one_pass, pool_with_token, recorded, twin, wire
+from tests.nodes import (
+    apply_spec,
+    host_confirms,
+    join,
+    joined,
+    one_pass,
+    pool_with_token,
+    recorded,
+    twin,
+    wire,
+)
 
 replace = msgspec.structs.replace
 A100_GPU5 = "GPU-62bda8cc-919d-7ce3-272e-7b8aa5da5524"  # seven 1g.10gb instances
@@ -64,7 +74,7 @@ async def test_h4_a_replicas_change_made_while_booked_is_taken_once_idle(
     api: Api, db: Path
 ) -> None:
     """H4: raising replicas while a slot is booked holds the GPUs and the agent waits; once the
-    booking ends the node is rendered again without it, the agent applies, the GPUs return."""
+    booking ends and its host releases it (D7) the node is rendered again without it, the agent applies, the GPUs return."""
     l40s = recorded("l40s-node-03")
     pool, token = await pool_with_token(
         api,
@@ -82,6 +92,7 @@ async def test_h4_a_replicas_change_made_while_booked_is_taken_once_idle(
     one_pass(db)
     await agent_cycle(api, node, l40s)
     await api.ok("compute/reservations/end", {"tenantId": "root", "reservationId": booked["id"]})
+    await host_confirms(api, node, l40s)  # D7: released on the host
     for _ in range(3):  # bounded: passes and agent cycles
         one_pass(db)
         spec = await agent_cycle(api, node, l40s)

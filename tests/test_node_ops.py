@@ -4,7 +4,17 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import Api, execute
-from tests.nodes import apply_spec, join, joined, one_pass, pool_with_token, recorded, twin, wire
+from tests.nodes import (
+    apply_spec,
+    host_confirms,
+    join,
+    joined,
+    one_pass,
+    pool_with_token,
+    recorded,
+    twin,
+    wire,
+)
 
 
 def at(node: dict[str, Any], **body: Any) -> dict[str, Any]:
@@ -56,10 +66,12 @@ async def test_h3_cordon_and_uncordon(api: Api, db: Path) -> None:
 
 
 async def test_h3_drain_waits_for_bookings_then_drained(api: Api, db: Path) -> None:
-    """H3: drain cordons and waits: draining while a booking is live, drained (node.drained)
-    at the first pass after it ends; a node with nothing booked is drained at once."""
+    """H3, D7: drain cordons and waits: draining while a booking is live, and while it is
+    releasing once ended; drained (node.drained) at the first pass after the host confirms
+    the release; a node with nothing booked is drained at once."""
     pool, token = await pool_with_token(api)
-    node = await joined(api, token, recorded("dgx-h100-01"))
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
     idle = await joined(api, token, twin("dgx-h100-01", 5))
     running = await reserve(api, pool, {"gpu": 8})
     assert (await api.ok("compute/nodes/drain", at(idle, reason="rma")))["drain"]["state"] == (
@@ -76,6 +88,11 @@ async def test_h3_drain_waits_for_bookings_then_drained(api: Api, db: Path) -> N
     assert (await api.ok("compute/nodes/get", at(node)))["drain"]["state"] == "draining"
     await api.ok("compute/reservations/end", {"tenantId": "root", "reservationId": running["id"]})
     one_pass(db)
+    releasing = await api.ok("compute/nodes/get", at(node))
+    assert releasing["drain"]["state"] == "draining"
+    assert [b["delivery"] for b in releasing["bookings"]] == ["releasing"]
+    await host_confirms(api, node, inventory)
+    one_pass(db)
     assert (await api.ok("compute/nodes/get", at(node)))["drain"]["state"] == "drained"
     assert (await reserve(api, pool, {"gpu": 1}))["state"] == "pending"
     assert (await api.ok("compute/nodes/uncordon", at(node)))["drain"] is None
@@ -88,14 +105,19 @@ async def test_h3_drain_waits_for_bookings_then_drained(api: Api, db: Path) -> N
 
 
 async def test_h3_at_the_deadline_what_is_left_ends_with_node_drained(api: Api, db: Path) -> None:
-    """H3: at the drain's deadline the remaining reservations end with NodeDrained and their
-    bookings and quota go back."""
+    """H3, D7: at the drain's deadline the remaining reservations end with NodeDrained, their
+    quota goes back at once and their bookings once the host confirms the release."""
     pool, token = await pool_with_token(api)
-    node = await joined(api, token, recorded("dgx-h100-01"))
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
     running = await reserve(api, pool, {"gpu": 2})
     await api.ok("compute/nodes/drain", at(node, reason="swap", deadlineSeconds=0))
     one_pass(db)
     assert await state_of(api, running) == ("ended", "NodeDrained")
+    assert execute(db, "SELECT used FROM quotas WHERE resource = 'gpu'") == [(0,)]
+    assert (await api.ok("compute/nodes/get", at(node)))["drain"]["state"] == "draining"
+    await host_confirms(api, node, inventory)
+    one_pass(db)
     view = await api.ok("compute/nodes/get", at(node))
     assert view["drain"]["state"] == "drained"
     assert not [d for d in view["devices"] if d["allocated"]]

@@ -6,7 +6,16 @@ from typing import Any
 import msgspec
 
 from tests.conftest import Api, execute
-from tests.nodes import apply_spec, joined, one_pass, pool_with_token, recorded, twin, wire
+from tests.nodes import (
+    apply_spec,
+    host_confirms,
+    joined,
+    one_pass,
+    pool_with_token,
+    recorded,
+    twin,
+    wire,
+)
 
 replace = msgspec.structs.replace
 A100_GPU5 = "GPU-62bda8cc-919d-7ce3-272e-7b8aa5da5524"  # seven 1g.10gb instances
@@ -216,6 +225,7 @@ async def test_h4_u3_a_booked_gpu_is_not_in_the_drain_gated_unit(api: Api, db: P
     assert (await reserve(api, pool, {"gpu.mig": 1}, migProfile="1g.10gb"))["state"] == "placed"
     for (reservation,) in execute(db, "SELECT id FROM reservations WHERE state = 'placed'"):
         await api.ok("compute/reservations/end", {"tenantId": "root", "reservationId": reservation})
+    await host_confirms(api, node, recorded("dgx-a100-02"))  # D7: released on the host
     one_pass(db)  # the bookings moved: rendered again, GPU 5 idle now
     held = {d["gpuUuid"] for d in (await node_view(api, node))["devices"] if d["held"]}
     assert held == {A100_GPU5}

@@ -1,5 +1,7 @@
-"""The placer under random mixes of requests and node lifecycle: never more than a row's
-capacity, never an atom twice, nothing placed where it may not be (H2, H3, H4, H5)."""
+"""The placer under random mixes of requests, node lifecycle and the hosts' deliveries and
+releases: never more than a row's capacity, never an atom twice, no GPU, MIG instance, slot
+or pinned CPU in two live-or-releasing bookings, nothing placed where it may not be (H2,
+H3, H4, H5, D7, D8)."""
 
 import asyncio
 import tempfile
@@ -19,13 +21,16 @@ from controlplane.reconciler import reconcile_pass
 from controlplane.services import iam, reports
 from controlplane.services.call import Caller, Env
 from controlplane.storage.db import Store
+from shared import cpulist
 from shared import schemas as s
 from shared.inventory import Inventory
 from tests.conftest import execute
-from tests.nodes import DGX_POLICY, recorded
+from tests.nodes import recorded
 from tests.test_reservations import invariants
 
 ROOT = Principal("cred", "root", None)
+# No vCPU overcommit: vCPUs are pinned as exclusive cores (D3).
+PINNED_POLICY = {"hostReserve": {"vcpu": 8, "memoryGiB": 64}}
 METHODS = {
     method.path.rsplit("/", 2)[-2] + "/" + method.path.rsplit("/", 1)[-1]: method
     for method in ALL_METHODS
@@ -50,6 +55,9 @@ operations = st.lists(
         st.tuples(st.just("health"), st.integers(0, 2), st.integers(0, 7)),
         st.tuples(st.just("spec"), st.integers(0, 3), st.just(0)),
         st.tuples(st.just("apply"), st.integers(0, 2), st.just(0)),
+        # the host's agent on its bookings: 0 all delivered and released, 1 a busy GPU fails
+        # the first live one, 2 a release blocked (D5-D7)
+        st.tuples(st.just("deliver"), st.integers(0, 2), st.integers(0, 2)),
     ),
     min_size=1,
     max_size=30,
@@ -92,6 +100,64 @@ async def report(store: Store, host: Host, applied: bool) -> None:
         host.node = reports.authenticate_node(db, host.token) or host.node
 
 
+async def deliver(store: Store, host: Host, how: int) -> None:
+    """The host's agent on its spec's bookings: delivered and released, except that with
+    ``how`` 1 the first live one fails (a busy GPU) and with 2 the first release is blocked."""
+    spec = await call(store, "nodes/spec", host.node, s.NodesSpec(node_id=host.node.id))
+    told: list[s.BookingReport] = []
+    for booking in spec.bookings:
+        state = "delivered" if booking.state == "live" else "released"
+        reason = None
+        if how == 1 and state == "delivered" and not told:
+            state, reason = "failed", "gpu busy: pid 4242"
+        elif how == 2 and state == "released" and all(t.state != "release-blocked" for t in told):
+            state, reason = "release-blocked", "pids 4242 still on the GPU"
+        told.append(
+            s.BookingReport(reservation_id=booking.reservation_id, state=state, reason=reason)
+        )
+    report = s.NodesReport(node_id=host.node.id, inventory=host.inventory, bookings=told)
+    await call(store, "nodes/report", host.node, report)
+    with store.snapshot() as db:
+        host.node = reports.authenticate_node(db, host.token) or host.node
+
+
+def exclusive_end_to_end(db: Path) -> None:
+    """D8: no GPU, MIG instance, slot or pinned CPU is in two live-or-releasing bookings, and
+    what each says it holds is what its atoms are."""
+    held = execute(
+        db,
+        "SELECT id, node_id, placement FROM reservations WHERE state IN ('placed', 'active') "
+        "OR delivery_state IN ('releasing', 'release-blocked')",
+    )
+    seen: dict[tuple[str, str], str] = {}
+    for reservation, node, text in held:
+        placement = msgspec.json.decode(text)
+        pinned = placement["cpus"] if placement["cpuQuota"] is None else ""
+        things = [
+            *(f"gpu {g['uuid']}" for g in placement["gpus"]),
+            *(f"mig {m['uuid']}" for m in placement["migInstances"]),
+            *(f"slot {x['gpuIndex']}/{x['slot']}" for x in placement["slots"]),
+            *(f"cpu {c}" for c in cpulist.parse(pinned)),
+        ]
+        for thing in things:
+            assert (node, thing) not in seen, (thing, reservation, seen.get((node, thing)))
+            seen[(node, thing)] = reservation
+        atoms = {
+            d
+            for (d,) in execute(
+                db, "SELECT device_id FROM node_devices WHERE reservation_id = ?", (reservation,)
+            )
+        }
+        assert {g["uuid"] for g in placement["gpus"]} <= atoms, (reservation, atoms)
+        cpus = {
+            c
+            for (c,) in execute(
+                db, "SELECT cpu FROM node_cpus WHERE reservation_id = ?", (reservation,)
+            )
+        }
+        assert cpus == set(cpulist.parse(pinned)), (reservation, cpus, pinned)
+
+
 async def root_pool(store: Store, site_id: str, **fields: Any) -> s.PoolView:
     """A metal-host pool of root's on the site."""
     body = s.PoolsCreate(tenant_id="root", site_id=site_id, pool_class="metal-host", **fields)
@@ -110,7 +176,7 @@ async def world(store: Store, tmp: Path) -> World:
         store,
         site.id,
         gpu_model="H100",
-        policy=DGX_POLICY,
+        policy=PINNED_POLICY,
         owner_quota={"gpu": 1000, "vcpu": 100_000},
     )
     shared = await root_pool(
@@ -183,8 +249,9 @@ def newly_placed_only_where_allowed(db: Path, before: set[str]) -> None:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(operations)
 def test_random_mixes_never_over_book(ops: list[tuple[str, int, int]]) -> None:
-    """Creates, ends, passes, cordons, drains, removals, GPU health flips and spec changes in
-    any order keep every booking within capacity and never place where it may not."""
+    """Creates, ends, passes, cordons, drains, removals, GPU health flips, spec changes and
+    the hosts' deliveries and releases in any order keep every booking within capacity,
+    exclusive end to end (D8), and never place where it may not."""
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "bc.db")
         try:
@@ -256,7 +323,7 @@ async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
                 s.PoolsUpdate(tenant_id="root", pool_id=w.shared, policy={"replicas": 2 + 2 * a}),
             )
         elif kind == "spec":
-            policy = {**DGX_POLICY, "hostReserve": {"vcpu": 8 + a, "memoryGiB": 64}}
+            policy = {"hostReserve": {"vcpu": 8 + a, "memoryGiB": 64}}
             await call(
                 store,
                 "pools/update",
@@ -265,5 +332,8 @@ async def run(store: Store, tmp: Path, ops: list[tuple[str, int, int]]) -> None:
             )
         elif kind == "apply":
             await report(store, host, applied=True)
+        elif kind == "deliver":
+            await deliver(store, host, b)
         invariants(store.path)
+        exclusive_end_to_end(store.path)
         newly_placed_only_where_allowed(store.path, before)

@@ -9,11 +9,20 @@ from controlplane.capacity.liveness import Liveness
 from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store
 from tests.conftest import Api, execute, snapshot
-from tests.nodes import DGX_POLICY, joined, one_pass, pool_with_token, recorded, twin
+from tests.nodes import (
+    DGX_POLICY,
+    host_confirms,
+    joined,
+    one_pass,
+    pool_with_token,
+    recorded,
+    twin,
+)
 
 
 def invariants(db: Path) -> None:
-    """Never more than a row's capacity, never an atom twice, bookings add up to what is allocated."""
+    """Never more than a row's capacity, never an atom twice, bookings (live or releasing, D7)
+    add up to what is allocated."""
     assert execute(db, "SELECT count(*) FROM node_resources WHERE allocated > capacity") == [(0,)]
     rows = dict(
         ((n, r), a)
@@ -23,7 +32,7 @@ def invariants(db: Path) -> None:
     for node, resource, amount in execute(
         db,
         "SELECT b.node_id, b.resource, b.amount FROM bookings b JOIN reservations r ON r.id = b.reservation_id "
-        "WHERE r.state IN ('placed', 'active')",
+        "WHERE r.state IN ('placed', 'active') OR b.releasing = 1",
     ):
         booked[(node, resource)] += amount
     for key, allocated in rows.items():
@@ -36,7 +45,7 @@ def invariants(db: Path) -> None:
         execute(
             db,
             "SELECT b.reservation_id, b.amount FROM bookings b JOIN reservations r ON r.id = b.reservation_id "
-            "WHERE r.state IN ('placed', 'active') AND b.resource LIKE 'gpu%'",
+            "WHERE (r.state IN ('placed', 'active') OR b.releasing = 1) AND b.resource LIKE 'gpu%'",
         )
     )
     assert dict(atoms) == placed_atoms
@@ -61,9 +70,11 @@ async def reserve(
 
 
 async def test_a_reservation_is_admitted_placed_and_ended(api: Api, db: Path) -> None:
-    """Admission counts quota at once, the placer books atoms and rows, end gives everything back."""
+    """Admission counts quota at once, the placer books atoms and rows; end gives the quota
+    back at once and the bookings once the host confirms the release (D7)."""
     pool, token = await pool_with_token(api, policy=DGX_POLICY, ownerQuota={"gpu": 8, "vcpu": 500})
-    await joined(api, token, recorded("dgx-h100-01"))
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
     placed = await reserve(api, pool, {"gpu": 2, "vcpu": 16})
     assert placed["state"] == "placed" and placed["nodeId"]
     capacity = {
@@ -82,14 +93,20 @@ async def test_a_reservation_is_admitted_placed_and_ended(api: Api, db: Path) ->
     ended = await api.ok(
         "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
     )
-    assert ended["state"] == "ended"
-    capacity = {
-        r["resource"]: r["allocated"]
-        for r in (await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool}))[
-            "items"
-        ]
+    assert ended["state"] == "ended" and ended["delivery"]["state"] == "releasing"
+    quotas = {
+        q["resource"]: q["used"]
+        for q in (await api.ok("compute/pools/get", {"tenantId": "root", "poolId": pool}))["quotas"]
     }
-    assert capacity["gpu"] == 0 and capacity["vcpu"] == 0
+    assert quotas == {"gpu": 0, "vcpu": 0}
+
+    async def ledger() -> dict[str, tuple[int, int]]:
+        answer = await api.ok("compute/pools/capacity", {"tenantId": "root", "poolId": pool})
+        return {r["resource"]: (r["allocated"], r["releasing"]) for r in answer["items"]}
+
+    assert (await ledger())["gpu"] == (2, 2) and (await ledger())["vcpu"] == (16, 16)
+    await host_confirms(api, node, inventory)
+    assert (await ledger())["gpu"] == (0, 0) and (await ledger())["vcpu"] == (0, 0)
     assert (
         await api.ok(
             "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
@@ -323,17 +340,13 @@ async def test_two_hundred_concurrent_creates_against_a_quota_of_32_admit_32(
     invariants(db)
 
 
-async def test_placed_becomes_active_once_its_node_reports(api: Api, db: Path) -> None:
-    """pending → placed → active: active once the node holding the booking has reported since."""
+async def test_d6_placed_becomes_active_once_its_host_delivers_it(api: Api, db: Path) -> None:
+    """pending → placed → active: a node that merely reports again does not make a booking
+    active; its agent reporting the booking delivered does (D6)."""
     pool, token = await pool_with_token(api)
-    node = await joined(api, token, recorded("dgx-h100-01"))
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
     placed = await reserve(api, pool, {"gpu": 1})
-    one_pass(db)  # no report since the placement: still placed
-    assert (
-        await api.ok(
-            "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
-        )
-    )["state"] == "placed"
     liveness = Liveness()
     liveness.seen(node["nodeId"])
     store = Store(db)
@@ -341,10 +354,15 @@ async def test_placed_becomes_active_once_its_node_reports(api: Api, db: Path) -
         store.transact(lambda d: reconcile_pass(d, liveness, 3600, True))
     finally:
         store.close()
+    got = await api.ok(
+        "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
+    )
+    assert got["state"] == "placed" and got["delivery"]["state"] == "pending"
+    await host_confirms(api, node, inventory)
     active = await api.ok(
         "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
     )
-    assert active["state"] == "active"
+    assert active["state"] == "active" and active["delivery"]["state"] == "delivered"
     ended = await api.ok(
         "compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]}
     )
@@ -356,17 +374,12 @@ async def test_archive_with_reservations_in_every_state(api: Api, db: Path) -> N
     """A1: archiving fails pending ones with PoolGone at the next retry; placed and active run on;
     ended and failed stay as they were."""
     pool, token = await pool_with_token(api, ownerQuota={"gpu": 12})
-    node = await joined(api, token, recorded("dgx-h100-01"))
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
     ended = await reserve(api, pool, {"gpu": 1})
     await api.ok("compute/reservations/end", {"tenantId": "root", "reservationId": ended["id"]})
     active = await reserve(api, pool, {"gpu": 1})
-    liveness = Liveness()
-    liveness.seen(node["nodeId"])
-    store = Store(db)
-    try:
-        store.transact(lambda d: reconcile_pass(d, liveness, 3600, True))
-    finally:
-        store.close()
+    await host_confirms(api, node, inventory)
     placed = await reserve(api, pool, {"gpu": 6})
     pending = await reserve(api, pool, {"gpu": 4})
     failed = await reserve(api, pool, {"gpu": 100})

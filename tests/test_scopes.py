@@ -132,9 +132,16 @@ async def test_f8_a_write_to_any_table_a_pool_view_shows_moves_its_generation(
     """F8: a row written in any catalog table, or a quota's maximum or figure in use, moves
     the generation pool answers are made at, in the writing transaction; a row written in a
     fleet table, or a quota row rewritten as it was, does not."""
-    pool, _node, acme = await fleet(api)
+    pool, node, acme = await fleet(api)
     await held(api, pool, "acme", {"gpu": 1}, acme)
     await api.ok("compute/budgets/set", {"tenantId": "acme", "meter": "gpu.h100.hours", "limit": 9})
+    # A pinned CPU (D3) as the placer writes one where vCPUs are not overcommitted.
+    execute(
+        db,
+        "INSERT INTO node_cpus (node_id, cpu, reservation_id) "
+        "SELECT node_id, 100, id FROM reservations WHERE node_id = ?",
+        (node["nodeId"],),
+    )
     first_column = {
         "tenants": "id",
         "credentials": "id",
@@ -149,6 +156,7 @@ async def test_f8_a_write_to_any_table_a_pool_view_shows_moves_its_generation(
         "join_tokens": "id",
         "reservations": "id",
         "bookings": "reservation_id",
+        "node_cpus": "node_id",
     }
     for scope, names in SCOPED_TABLES.items():
         for table in names:

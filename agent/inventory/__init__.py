@@ -5,8 +5,10 @@ reads a recorded host instead, through a fake of the same pynvml calls, so the
 one GPU reader runs in both cases. ``InventoryCollector`` is the agent loop's
 form: it keeps one NVML session (one init, one XID event set) from its first
 collection to ``close()``, so XID events are read once each, as they happen,
-and a GPU's XID verdict sticks (gpu-health.md §5). Importing this package
-initialises nothing.
+and a GPU's XID verdict sticks (gpu-health.md §5). Each GPU reports where it
+sits and the inventory how GPU pairs connect (D1); ``compute_processes()`` lists
+the compute processes NVML sees on each GPU and MIG instance, for delivery and
+release (D5, D7). Importing this package initialises nothing.
 """
 
 from pathlib import Path
@@ -16,15 +18,16 @@ from agent.inventory.fixture import FakeNvml
 from agent.inventory.host import HostFacts, boot_id, collect_host
 from agent.inventory.nvml.api import NvmlApi, load_pynvml
 from agent.inventory.nvml.health import HEALTH_FILE
-from agent.inventory.nvml.session import NvmlSession, collect_gpus
+from agent.inventory.nvml.session import NvmlSession, Reading
 from agent.inventory.recording import FixtureError, host_facts, load_host
-from shared.inventory import Gpu, Inventory, Nvml
+from shared.inventory import Inventory, Nvml
 
 __all__ = [
     "FixtureError",
     "HostFacts",
     "InventoryCollector",
     "collect_inventory",
+    "compute_processes",
     "inventory_from",
 ]
 
@@ -35,8 +38,9 @@ class InventoryCollector:
     With a fixture, its GPUs come from one fake NVML kept for the collector's life
     (its XID events are delivered once, as a driver's are) and its CPU, memory, huge
     page, disk and identity facts replace this machine's. Without one, NVML is the
-    real module and the host facts are read under ``sysfs_root`` each cycle. With
-    ``state_dir``, XID verdicts are also kept in its ``gpu-health.json`` for this boot.
+    real module and the host facts are read under ``sysfs_root`` each cycle (where the
+    driver cannot place a GPU, its NUMA node and CPU affinity too). With ``state_dir``,
+    XID verdicts are also kept in its ``gpu-health.json`` for this boot.
     Raises ``FixtureError`` for a fixture it cannot use; a host without NVML is
     reported as CPU-only, never an error. ``close()`` frees the event set and shuts
     NVML down.
@@ -69,6 +73,8 @@ class InventoryCollector:
                 nvml,
                 boot_id=boot_id(sysfs_root),
                 state_file=state_dir / HEALTH_FILE if state_dir is not None else None,
+                # A recorded host's GPUs are not this machine's PCI devices.
+                sysfs_root=sysfs_root if fixture is None else None,
             )
             if nvml is not None
             else None
@@ -78,11 +84,20 @@ class InventoryCollector:
         """One cycle's inventory; XID events since the last cycle are read now."""
         facts = self._facts or collect_host(self._sysfs_root)
         if self._session is None:
-            return _assemble(Nvml(available=False, error=self._unavailable), [], facts)
-        info, gpus = self._session.collect()
-        return _assemble(info, gpus, facts)
+            return _assemble(Reading(Nvml(available=False, error=self._unavailable)), facts)
+        return _assemble(self._session.read(facts.cpu.logical_cpus), facts)
 
     __call__ = collect
+
+    def compute_processes(self) -> dict[str, list[int]]:
+        """D5, D7: each GPU's and MIG instance's UUID → the sorted pids NVML lists on it now.
+
+        A device whose call fails maps to []; a host without NVML gives {}. With a
+        fixture, its ``compute_processes`` as they were when the collector was created.
+        """
+        if self._session is None:
+            return {}
+        return self._session.compute_processes()
 
     def close(self) -> None:
         if self._session is not None:
@@ -116,13 +131,26 @@ def collect_inventory(
         return collector.collect()
 
 
-def inventory_from(nvml: NvmlApi, facts: HostFacts) -> Inventory:
-    """An inventory from any pynvml-like module and a host's facts (one collection)."""
-    info, gpus = collect_gpus(nvml)
-    return _assemble(info, gpus, facts)
+def compute_processes(
+    fixture: Path | None = None, fixture_host: str | None = None
+) -> dict[str, list[int]]:
+    """D5, D7: this host's (or the recorded host's) GPU and MIG UUIDs → the sorted pids NVML
+    lists on each: one collection, as ``collect_inventory``. Raises ``FixtureError`` for a
+    fixture it cannot use; a host without NVML gives {}."""
+    with InventoryCollector(fixture, fixture_host) as collector:
+        return collector.compute_processes()
 
 
-def _assemble(info: Nvml, gpus: list[Gpu], facts: HostFacts) -> Inventory:
+def inventory_from(nvml: NvmlApi, facts: HostFacts, sysfs_root: Path | None = None) -> Inventory:
+    """An inventory from any pynvml-like module and a host's facts (one collection).
+
+    ``sysfs_root``: where to place GPUs the driver cannot (D1); None looks nowhere else.
+    """
+    with NvmlSession(nvml, sysfs_root=sysfs_root) as session:
+        return _assemble(session.read(facts.cpu.logical_cpus), facts)
+
+
+def _assemble(reading: Reading, facts: HostFacts) -> Inventory:
     """The wire model from its parts."""
     return Inventory(
         machine_id=facts.machine_id,
@@ -130,7 +158,8 @@ def _assemble(info: Nvml, gpus: list[Gpu], facts: HostFacts) -> Inventory:
         cpu=facts.cpu,
         memory_total_bytes=facts.memory_total_bytes,
         hugepages=facts.hugepages,
-        nvml=info,
+        nvml=reading.nvml,
         filesystems=facts.filesystems,
-        gpus=gpus,
+        gpus=reading.gpus,
+        gpu_links=reading.links,
     )

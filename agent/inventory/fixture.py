@@ -17,6 +17,12 @@ queued, never sleeping), its ECC, retired-page and remapped-row counters, and
 ``nvmlDeviceGetCount`` still counts it and ``nvmlDeviceGetHandleByIndex`` still
 hands out a handle.
 
+D1's recorded topology is served with pynvml's return types: the minor number and
+NUMA node as ints (``NotSupported`` where the recording has no NUMA node), the CPU
+affinity as a ``c_ulonglong`` word array, each pair's common-ancestor level and
+NVLink P2P status as ints (symmetric; a GPU with itself INTERNAL and OK), and the
+compute processes as pynvml's friendly objects made from ``c_nvmlProcessInfo_t``.
+
 The fixture's precomputed ``family`` is never read (``FixtureGpu`` has no such
 field): the inventory derives the family from the name, as it does on hardware.
 """
@@ -33,9 +39,12 @@ from agent.inventory.recording import (
     FixtureGpu,
     FixtureHealth,
     FixtureHost,
+    FixtureLink,
     FixtureMig,
     FixtureMigInstance,
+    FixtureProcess,
 )
+from shared import cpulist
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -135,6 +144,7 @@ class FakeNvml:
             for instance in gpu.mig.instances:
                 self._add_device(_Device(gpu, instance))
         self._sets: dict[int, _EventSet] = {}  # event set struct address → the set
+        self._links: dict[tuple[int, int], FixtureLink] = {(k.a, k.b): k for k in host.gpu_links}
         self._xids_queued: set[int] = set()  # GPUs whose XID events went into a set already
         # What collect_gpus reads off the module (NvmlApi), spelled out for mypy.
         self.NVMLError: type[Exception] = real.NVMLError
@@ -151,6 +161,14 @@ class FakeNvml:
         self.NVML_TEMPERATURE_GPU: int = real.NVML_TEMPERATURE_GPU
         self.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int = real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
         self.NVML_VOLATILE_ECC: int = real.NVML_VOLATILE_ECC
+        self.NVML_TOPOLOGY_INTERNAL: int = real.NVML_TOPOLOGY_INTERNAL
+        self.NVML_TOPOLOGY_SINGLE: int = real.NVML_TOPOLOGY_SINGLE
+        self.NVML_TOPOLOGY_MULTIPLE: int = real.NVML_TOPOLOGY_MULTIPLE
+        self.NVML_TOPOLOGY_HOSTBRIDGE: int = real.NVML_TOPOLOGY_HOSTBRIDGE
+        self.NVML_TOPOLOGY_NODE: int = real.NVML_TOPOLOGY_NODE
+        self.NVML_TOPOLOGY_SYSTEM: int = real.NVML_TOPOLOGY_SYSTEM
+        self.NVML_P2P_CAPS_INDEX_NVLINK: int = real.NVML_P2P_CAPS_INDEX_NVLINK
+        self.NVML_P2P_STATUS_OK: int = real.NVML_P2P_STATUS_OK
         # "nvml…" names are functions to __getattr__; these constants are spelled out.
         self.nvmlEventTypeXidCriticalError: int = real.nvmlEventTypeXidCriticalError
         self.nvmlEventTypeSingleBitEccError: int = real.nvmlEventTypeSingleBitEccError
@@ -302,6 +320,80 @@ class FakeNvml:
     def nvmlDeviceGetMinorNumber(self, handle: object, /) -> int:
         gpu = self._device(handle)
         return gpu.minor_number if gpu.minor_number is not None else gpu.index
+
+    # --- topology and processes (D1, fake-nvml.md §6) ---
+
+    def _peer(self, handle: object) -> FixtureGpu:
+        """The second GPU of a pair call: a lost one fails the call, as the first does."""
+        gpu = self._device(handle)
+        if _health(gpu).lost:
+            raise self._real.NVMLError_GpuIsLost()
+        return gpu
+
+    def _link(self, first: object, second: object) -> FixtureLink | None:
+        """The recorded link between two GPUs, either way round; None for a GPU with itself."""
+        a, b = self._device(first).index, self._peer(second).index
+        if a == b:
+            return None
+        link = self._links.get((min(a, b), max(a, b)))
+        if link is None:
+            raise self._real.NVMLError_NotSupported()  # a pair the recording lacks
+        return link
+
+    @_nvml_call
+    def nvmlDeviceGetNumaNodeId(self, handle: object, /) -> int:
+        return self._supported(self._device(handle).numa_node)
+
+    @_nvml_call
+    def nvmlDeviceGetCpuAffinity(self, handle: object, cpu_set_size: int, /) -> Any:
+        recorded = self._supported(self._device(handle).cpu_affinity)
+        if cpu_set_size < 1:
+            raise self._real.NVMLError_InvalidArgument()
+        words = (ctypes.c_ulonglong * cpu_set_size)()
+        for cpu in cpulist.parse(recorded):
+            if cpu // 64 < cpu_set_size:  # as the driver, only the words the caller gave room for
+                words[cpu // 64] |= 1 << (cpu % 64)
+        return words
+
+    @_nvml_call
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: object, second: object, /) -> int:
+        link = self._link(first, second)
+        return int(self._real.NVML_TOPOLOGY_INTERNAL) if link is None else link.level
+
+    @_nvml_call
+    def nvmlDeviceGetP2PStatus(self, first: object, second: object, index: int, /) -> int:
+        link = self._link(first, second)
+        if index != self._real.NVML_P2P_CAPS_INDEX_NVLINK:
+            raise self._real.NVMLError_NotSupported()  # only NVLink's status is recorded
+        return int(self._real.NVML_P2P_STATUS_OK) if link is None else link.p2p_nvlink_status
+
+    @_nvml_call
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object, /) -> list[Any]:
+        h = self._any(handle)
+        if h.mig is None:
+            return [self._process(p, _WHOLE_GPU, _WHOLE_GPU) for p in h.gpu.compute_processes]
+        mig = h.mig
+        return [
+            self._process(p, mig.gpu_instance_id, mig.compute_instance_id)
+            for p in mig.compute_processes
+        ]
+
+    def _process(self, process: FixtureProcess, gpu_instance: int, compute_instance: int) -> Any:
+        """One process as pynvml returns it: its c_nvmlProcessInfo_t made a friendly object,
+        with usedGpuMemory None where NVML says NVML_VALUE_NOT_AVAILABLE."""
+        unknown = int(self._real.NVML_VALUE_NOT_AVAILABLE_ulonglong.value)
+        used = process.used_gpu_memory_bytes
+        friendly = self._real.nvmlStructToFriendlyObject(
+            self._real.c_nvmlProcessInfo_t(
+                pid=process.pid,
+                usedGpuMemory=unknown if used is None else used,
+                gpuInstanceId=gpu_instance,
+                computeInstanceId=compute_instance,
+            )
+        )
+        if friendly.usedGpuMemory == unknown:
+            friendly.usedGpuMemory = None
+        return friendly
 
     # --- identity and properties ---
 

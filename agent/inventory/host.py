@@ -15,7 +15,8 @@ from typing import Final
 
 import psutil  # type: ignore[import-untyped]  # no types-psutil in the dev deps
 
-from shared.inventory import Cpu, Filesystem, HugepagePool, Hugepages
+from shared import cpulist
+from shared.inventory import Cpu, Filesystem, HugepagePool, Hugepages, NumaNode
 
 # Filesystems that hold no tenant-usable disk even when psutil lists them
 # (psutil's all=False already drops "nodev" types such as tmpfs and overlay).
@@ -67,7 +68,8 @@ def collect_host(sysfs_root: Path = Path("/")) -> HostFacts:
 
 
 def cpu(root: Path) -> Cpu:
-    """Logical CPUs and cores (psutil), sockets (sysfs topology), model and vendor (cpuinfo)."""
+    """Logical CPUs and cores (psutil), sockets, NUMA nodes and cores' threads (sysfs, D1),
+    model and vendor (cpuinfo)."""
     info = _cpuinfo(root)
     sockets = _sockets(root) or len({v for k, v in info if k == "physical id"}) or 1
     model = next((v for k, v in info if k == "model name"), None)
@@ -78,7 +80,55 @@ def cpu(root: Path) -> Cpu:
         physical_cores=_int_or_none(psutil.cpu_count(logical=False)),
         model=model[:_MAX_TEXT] if model else None,
         vendor=vendor[:_MAX_TEXT] if vendor else None,
+        numa_nodes=numa_nodes(root),
+        thread_siblings=thread_siblings(root),
     )
+
+
+def numa_nodes(root: Path) -> list[NumaNode]:
+    """D1: each /sys/devices/system/node/node<id>: its cpulist and MemTotal, by id; [] without."""
+    found: list[NumaNode] = []
+    for directory in (root / "sys/devices/system/node").glob("node[0-9]*"):
+        suffix = directory.name.removeprefix("node")
+        cpus = read_cpulist(directory / "cpulist")
+        if not suffix.isdigit() or cpus is None:
+            continue
+        found.append(
+            NumaNode(id=int(suffix), cpus=cpus, memory_bytes=_node_memory(directory / "meminfo"))
+        )
+    return sorted(found, key=lambda node: node.id)
+
+
+def _node_memory(path: Path) -> int:
+    """A node's MemTotal in bytes ("Node 0 MemTotal:  1056776704 kB"); 0 when it has none."""
+    for line in (_read(path) or "").splitlines():
+        _, found, rest = line.partition("MemTotal:")
+        fields = rest.split()
+        if found and fields and fields[0].isdigit():
+            return int(fields[0]) * 1024
+    return 0
+
+
+def thread_siblings(root: Path) -> list[str]:
+    """D1: one cpulist per physical core, the distinct thread_siblings_list values of
+    /sys/devices/system/cpu/cpu*/topology, ordered by first CPU; [] without."""
+    cores: set[str] = set()
+    for path in (root / "sys/devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list"):
+        siblings = read_cpulist(path)
+        if siblings:
+            cores.add(siblings)
+    return sorted(cores, key=lambda core: cpulist.parse(core)[0])
+
+
+def read_cpulist(path: Path) -> str | None:
+    """A sysfs cpulist file in canonical form; None when unreadable or not a cpulist."""
+    value = _read(path)
+    if value is None:
+        return None
+    try:
+        return cpulist.format(cpulist.parse(value))
+    except ValueError:
+        return None
 
 
 def _sockets(root: Path) -> int:
@@ -113,8 +163,8 @@ def hugepages(root: Path) -> Hugepages:
 
 def _hugepage_pool(directory: Path) -> HugepagePool | None:
     """One size's pool; None when the directory (the size) is absent."""
-    total = _read_int(directory / "nr_hugepages")
-    free = _read_int(directory / "free_hugepages")
+    total = read_int(directory / "nr_hugepages")
+    free = read_int(directory / "free_hugepages")
     if total is None:
         return None
     return HugepagePool(total=total, free=free if free is not None else 0)
@@ -168,7 +218,7 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def _read_int(path: Path) -> int | None:
+def read_int(path: Path) -> int | None:
     """A file holding one integer, or None."""
     value = _read(path)
     try:

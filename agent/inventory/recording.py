@@ -13,7 +13,7 @@ import msgspec
 from msgspec import Struct, field
 
 from agent.inventory.host import HostFacts
-from shared.inventory import Cpu, Filesystem, HugepagePool, Hugepages
+from shared.inventory import Cpu, Filesystem, HugepagePool, Hugepages, NumaNode
 
 
 class FixtureError(ValueError):
@@ -30,6 +30,13 @@ class FixturePci(Struct):
     pciSubSystemId: str = "0x0"
 
 
+class FixtureProcess(Struct):
+    """One compute process NVML lists on a device (nvmlDeviceGetComputeRunningProcesses)."""
+
+    pid: int
+    used_gpu_memory_bytes: int | None = None  # None: NVML cannot say (NVML_VALUE_NOT_AVAILABLE)
+
+
 class FixtureMigInstance(Struct):
     nvml_name: str
     uuid: str
@@ -41,6 +48,7 @@ class FixtureMigInstance(Struct):
     gpu_instance_slice_count: int = 0
     compute_instance_slice_count: int = 0
     memory_size_mib: int = 0
+    compute_processes: list[FixtureProcess] = []
 
 
 class FixtureMig(Struct):
@@ -97,6 +105,10 @@ class FixtureGpu(Struct):
     ecc_mode: tuple[int, int] | None = None  # None: GetEccMode raises NotSupported
     ecc_uncorrected_volatile: int = 0
     health: FixtureHealth | None = None  # None: a healthy GPU (no events, counters clear)
+    # D1: None makes nvmlDeviceGetNumaNodeId / nvmlDeviceGetCpuAffinity raise NotSupported.
+    numa_node: int | None = None
+    cpu_affinity: str | None = None  # a cpulist
+    compute_processes: list[FixtureProcess] = []
 
 
 class FixtureNvml(Struct):
@@ -113,6 +125,22 @@ class FixtureCpu(Struct):
     physical_cores: int | None = None
     model: str | None = None
     vendor: str | None = None
+    thread_siblings: list[str] = []  # one cpulist per physical core, by first CPU
+
+
+class FixtureNumaNode(Struct):
+    id: int
+    cpus: str  # a cpulist
+    memory_total_bytes: int
+
+
+class FixtureLink(Struct):
+    """D1: one GPU pair a < b, as nvmlDeviceGetTopologyCommonAncestor and …GetP2PStatus answer."""
+
+    a: int
+    b: int
+    level: int  # NVML_TOPOLOGY_* (0, 10, 20, 30, 40, 50)
+    p2p_nvlink_status: int  # NVML_P2P_STATUS_* for NVML_P2P_CAPS_INDEX_NVLINK (0: OK)
 
 
 class FixturePool(Struct):
@@ -141,6 +169,8 @@ class FixtureHost(Struct):
     disks: list[FixtureDisk] = []
     gpus: list[FixtureGpu] = []
     machine_id: str | None = None
+    numa_nodes: list[FixtureNumaNode] = []
+    gpu_links: list[FixtureLink] = []
 
 
 def load_host(source: Path | Mapping[str, Any], host_id: str | None = None) -> FixtureHost:
@@ -170,11 +200,14 @@ def load_host(source: Path | Mapping[str, Any], host_id: str | None = None) -> F
         raise FixtureError(f"fixture host {data.get('id')!r}: {exc}") from exc
     if [g.index for g in host.gpus] != list(range(len(host.gpus))):
         raise FixtureError(f"fixture host {host.id!r}: GPU indices must be 0…n-1 in order")
+    if any(not 0 <= link.a < link.b < len(host.gpus) for link in host.gpu_links):
+        raise FixtureError(f"fixture host {host.id!r}: a GPU link is not a pair of its GPUs, a < b")
     return host
 
 
 def host_facts(host: FixtureHost) -> HostFacts:
-    """The recorded host's CPU, memory, huge page, disk and identity facts."""
+    """The recorded host's CPU (with its NUMA nodes and cores, D1), memory, huge page, disk
+    and identity facts."""
     pages = host.hugepages
     return HostFacts(
         machine_id=host.machine_id or f"fixture-{host.id}",
@@ -185,6 +218,11 @@ def host_facts(host: FixtureHost) -> HostFacts:
             physical_cores=host.cpu.physical_cores,
             model=host.cpu.model,
             vendor=host.cpu.vendor,
+            numa_nodes=[
+                NumaNode(id=n.id, cpus=n.cpus, memory_bytes=n.memory_total_bytes)
+                for n in host.numa_nodes
+            ],
+            thread_siblings=list(host.cpu.thread_siblings),
         ),
         memory_total_bytes=host.memory_total_bytes,
         hugepages=Hugepages(pages_2mi=_pool(pages.pages_2mi), pages_1gi=_pool(pages.pages_1gi)),

@@ -76,8 +76,8 @@ def reconcile_node(db: Database, row: ReconcileRow) -> Reconciled:
         fields.update(readmit(db, node, pool, inventory, spec.refusal, spec.version))
     resources = write_resources(db, node, pool, policy)
     devices = write_atoms(db, node, pool, policy, inventory, atoms, gated)
-    if devices.writes:
-        node_sql.count_free_atoms(db, [node.id])
+    if devices.free != node.free_atoms:  # the bin-packing order (capacity/placer.py)
+        fields.update(free_atoms=devices.free)
     rows_of = (node.inventory_rev, pool.version)
     held = held or resources.held or devices.held
     if not held and (node.rows_inventory_rev, node.rows_pool_version) != rows_of:

@@ -23,6 +23,7 @@ from shared.policy import Policy
 class Written:
     writes: int  # rows and atoms written
     held: bool  # a row or atom stays as it is while allocated: look again next pass
+    free: int = 0  # atoms: how many are placeable and not booked once written
 
 
 def facts_of(node: NodeRow) -> HostFacts:
@@ -75,7 +76,7 @@ def write_atoms(
     sick = {gpu.uuid for gpu in gpus if gpu.health != "healthy"}
     wanted = {a.device_id: a for a in gpu_atoms(gpus, pool.pool_class, pool.sharing, replicas)}
     kept: list[DeviceRow] = []  # the atoms that stay: their flags may move
-    writes, held, flagged = 0, False, False
+    writes, held, flagged, free = 0, False, False, 0
     for device_id, atom in wanted.items():
         old = have.get(device_id)
         if old is not None and (old.resource, old.profile) == (atom.resource, atom.profile):
@@ -99,6 +100,7 @@ def write_atoms(
             atom.gpu_uuid in gated,
         )
         writes += 1
+        free += atom.gpu_uuid not in sick and atom.gpu_uuid not in gated
     for device_id in have.keys() - wanted.keys():
         old = have[device_id]
         if old.allocated:
@@ -113,6 +115,7 @@ def write_atoms(
             node_sql.set_device_flags(db, node.id, stays.device_id, unhealthy, gated_gpu)
             writes += 1
             flagged = True
+        free += not stays.allocated and not unhealthy and not gated_gpu
     if flagged:
         res_sql.flag_unhealthy_bookings(db, node.id)
-    return Written(writes, held)
+    return Written(writes, held, free)

@@ -227,6 +227,7 @@ def pool_capacity(db: Database, call: Call[PoolsCapacity]) -> CapacityList:
                 schedulable=row.schedulable,
                 allocated=row.allocated,
                 available=row.available,
+                releasing=row.releasing,
                 offered=UNSET if offered is None else offered.get(resource, 0),
             )
             for resource in sorted(ledger.keys() | (offered or {}).keys())

@@ -124,3 +124,4 @@ class LedgerRow(Row, frozen=True, kw_only=True):
     schedulable: int = 0
     allocated: int = 0
     available: int = 0
+    releasing: int = 0  # D7: within allocated, until the host confirms the release

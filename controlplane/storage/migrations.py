@@ -287,8 +287,18 @@ SCOPED_TABLES: dict[Scope, tuple[str, ...]] = {
         "pool_authz",
         "budgets",
     ),
-    "fleet": ("nodes", "node_resources", "node_devices", "join_tokens", "reservations", "bookings"),
+    "fleet": (
+        "nodes",
+        "node_resources",
+        "node_devices",
+        "join_tokens",
+        "reservations",
+        "bookings",
+        "node_cpus",
+    ),
 }
+# Tables made after migration 11, by the migration that makes them (and their triggers).
+SCOPED_LATER = {"node_cpus": 12}
 QUOTA_KEY = ("pool_id", "tenant_id", "resource", "max")  # a change of one: the catalog's
 
 
@@ -313,6 +323,7 @@ def delivery_schema(dialect: Dialect) -> str:
         AND d.allocated = 0 AND d.unhealthy = 0 AND d.held = 0);
     CREATE INDEX nodes_free_atoms ON nodes(pool_id, free_atoms, id) WHERE removed_at IS NULL;
     ALTER TABLE bookings ADD COLUMN releasing INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX bookings_releasing ON bookings(node_id) WHERE releasing = 1;
     CREATE TABLE node_cpus (
         node_id TEXT NOT NULL REFERENCES nodes(id),
         cpu INTEGER NOT NULL,
@@ -368,7 +379,11 @@ def scope_generations(dialect: Dialect) -> str:
             )
 
     for scope, tables in SCOPED_TABLES.items():
-        script += [trigger(f"{t}_written", t, "INSERT OR UPDATE OR DELETE", scope) for t in tables]
+        script += [
+            trigger(f"{t}_written", t, "INSERT OR UPDATE OR DELETE", scope)
+            for t in tables
+            if t not in SCOPED_LATER
+        ]
     script += [
         trigger("quotas_added", "quotas", "INSERT OR DELETE", "catalog"),
         trigger("quotas_changed", "quotas", "UPDATE", "catalog", changed),

@@ -201,23 +201,29 @@ def tenant_owned_nodes(db: Database, pool_id: str) -> int:
 def capacity_ledger(db: Database, pool_id: str) -> list[LedgerRow]:
     """H6 per resource: total over every node of the pool, schedulable over ready,
     schedulable nodes and placeable atoms (healthy, not held), allocated as booked, and
-    available = schedulable not booked. node_resources rows plus GPU atoms counted."""
+    available = schedulable not booked; releasing (D7): booked by ended reservations whose
+    host has not yet confirmed the release (within allocated). node_resources rows plus
+    GPU atoms counted."""
     placeable = f"{SCHEDULABLE} AND d.unhealthy = 0 AND d.held = 0"
     found = db.execute(
         "SELECT resource, CAST(sum(total) AS BIGINT) AS total, "
         "CAST(sum(schedulable) AS BIGINT) AS schedulable, "
         "CAST(sum(allocated) AS BIGINT) AS allocated, "
-        "CAST(sum(available) AS BIGINT) AS available FROM ("
+        "CAST(sum(available) AS BIGINT) AS available, "
+        "CAST(sum(releasing) AS BIGINT) AS releasing FROM ("
         " SELECT r.resource, r.capacity AS total,"
         f" CASE WHEN {SCHEDULABLE} THEN r.capacity ELSE 0 END AS schedulable, r.allocated,"
         f" CASE WHEN {SCHEDULABLE} AND r.capacity > r.allocated THEN r.capacity - r.allocated"
-        " ELSE 0 END AS available"
+        " ELSE 0 END AS available, 0 AS releasing"
         " FROM node_resources r JOIN nodes n ON n.id = r.node_id WHERE n.pool_id = ?"
         " UNION ALL"
         f" SELECT d.resource, 1, CASE WHEN {placeable} THEN 1 ELSE 0 END, d.allocated,"
-        f" CASE WHEN {placeable} AND d.allocated = 0 THEN 1 ELSE 0 END"
+        f" CASE WHEN {placeable} AND d.allocated = 0 THEN 1 ELSE 0 END, 0"
         " FROM node_devices d JOIN nodes n ON n.id = d.node_id WHERE n.pool_id = ?"
+        " UNION ALL"
+        " SELECT b.resource, 0, 0, 0, 0, b.amount FROM bookings b"
+        " JOIN nodes n ON n.id = b.node_id WHERE n.pool_id = ? AND b.releasing = 1"
         ") AS ledger GROUP BY resource ORDER BY resource",
-        [pool_id, pool_id],
+        [pool_id, pool_id, pool_id],
     )
     return [LedgerRow.of(row) for row in found]

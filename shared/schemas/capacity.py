@@ -16,7 +16,8 @@ class CapacityByPool(PoolScoped):
 class CapacityRow(Answer):
     """H6, the capacity ledger: total over every node; schedulable over ready, schedulable
     nodes and healthy GPUs; allocated as booked; available = schedulable not booked;
-    offered = quota maxima of tenants other than the owner (shown to the owner only)."""
+    offered = quota maxima of tenants other than the owner (shown to the owner only);
+    releasing = what ended reservations hold until their host confirms the release (D7)."""
 
     pool_id: str
     resource: str
@@ -24,6 +25,7 @@ class CapacityRow(Answer):
     schedulable: int
     allocated: int
     available: int
+    releasing: int  # D7: within allocated: ended bookings the host has not yet released
     offered: int | UnsetType = UNSET
 
 

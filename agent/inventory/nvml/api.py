@@ -25,7 +25,8 @@ class NvmlApi(Protocol):
     Strings may come back as ``bytes`` (bindings ≤ 11.510) or ``str``. Handles are
     opaque: never compared, hashed or stored beyond one collection. The health
     calls (events, remapped rows, retired pages, ECC counters) are looked up with
-    ``getattr``: a binding without one does not watch that signal.
+    ``getattr``: a binding without one does not watch that signal. So is
+    ``nvmlDeviceGetNumaNodeId`` (13.x only): without it the NUMA node comes from sysfs.
     """
 
     NVMLError: type[Exception]
@@ -43,6 +44,14 @@ class NvmlApi(Protocol):
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED: int
     NVML_VOLATILE_ECC: int
     nvmlEventTypeXidCriticalError: int
+    NVML_TOPOLOGY_INTERNAL: int
+    NVML_TOPOLOGY_SINGLE: int
+    NVML_TOPOLOGY_MULTIPLE: int
+    NVML_TOPOLOGY_HOSTBRIDGE: int
+    NVML_TOPOLOGY_NODE: int
+    NVML_TOPOLOGY_SYSTEM: int
+    NVML_P2P_CAPS_INDEX_NVLINK: int
+    NVML_P2P_STATUS_OK: int
 
     def nvmlInit(self) -> None: ...
     def nvmlShutdown(self) -> None: ...
@@ -67,6 +76,11 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: object, index: int, /) -> object: ...
     def nvmlDeviceGetGpuInstanceId(self, handle: object, /) -> int: ...
     def nvmlDeviceGetComputeInstanceId(self, handle: object, /) -> int: ...
+    def nvmlDeviceGetMinorNumber(self, handle: object, /) -> int: ...
+    def nvmlDeviceGetCpuAffinity(self, handle: object, cpu_set_size: int, /) -> Any: ...
+    def nvmlDeviceGetTopologyCommonAncestor(self, first: object, second: object, /) -> int: ...
+    def nvmlDeviceGetP2PStatus(self, first: object, second: object, index: int, /) -> int: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: object, /) -> list[Any]: ...
 
 
 def load_pynvml() -> NvmlApi:

@@ -4,7 +4,7 @@ Required calls raise; optional ones give None (``api.optional``). A GPU's level
 health signals are read with its facts, into the verdict its caller holds.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from agent.inventory.nvml.api import NvmlApi, log, optional, optional_text, text
 from agent.inventory.nvml.health import Verdict, level_signals
@@ -82,15 +82,20 @@ def _memory_total(nvml: NvmlApi, index: int, handle: object) -> int:
     return int(memory.total)
 
 
-def _mig_instances(nvml: NvmlApi, index: int, handle: object) -> list[MigInstance]:
-    """MIG devices by the unprivileged path: no GI/CI calls, which need root."""
+def mig_devices(nvml: NvmlApi, handle: object) -> Iterator[tuple[int, object]]:
+    """The MIG device handles of a GPU with MIG on, by slot: no GI/CI calls, which need root."""
     slots = optional(nvml, nvml.nvmlDeviceGetMaxMigDeviceCount, handle) or 0
-    instances: list[MigInstance] = []
     for slot in range(slots):  # an upper bound with holes, not a count
         try:
-            mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
+            yield slot, nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
         except (nvml.NVMLError_NotFound, nvml.NVMLError_InvalidArgument):
             continue
+
+
+def _mig_instances(nvml: NvmlApi, index: int, handle: object) -> list[MigInstance]:
+    """MIG devices by the unprivileged path."""
+    instances: list[MigInstance] = []
+    for slot, mig in mig_devices(nvml, handle):
         try:
             instance = _mig_instance(nvml, mig)
         except nvml.NVMLError_GpuIsLost:
