@@ -5,6 +5,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from controlplane.capacity.liveness import Liveness
 from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store
@@ -522,3 +524,67 @@ async def test_r5_a_reservation_the_placer_cannot_handle_does_not_stop_the_other
     assert stats.failures == 1
     states = dict(execute(db, "SELECT id, state FROM reservations"))
     assert (states[broken["id"]], states[waiting["id"]]) == ("pending", "placed")
+
+
+async def test_d6_a_booking_not_delivered_in_time_fails_and_gives_its_quota_back(
+    api: Api, db: Path
+) -> None:
+    """D6: a placed booking its host has not delivered within placement.deliverWithinSeconds
+    fails DeliveryFailed at the next pass; its quota comes back, its GPUs wait for the host
+    to confirm the release (D7)."""
+    policy = {"placement": {"deliverWithinSeconds": 30}}
+    pool, token = await pool_with_token(api, policy=policy, ownerQuota={"gpu": 8})
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
+    placed = await reserve(api, pool, {"gpu": 1})
+    one_pass(db)
+    assert (
+        await api.ok(
+            "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
+        )
+    )["state"] == "placed"
+    execute(
+        db,
+        "UPDATE reservations SET delivery_at = '2000-01-01T00:00:00.000Z' WHERE id = ?",
+        (placed["id"],),
+    )
+    one_pass(db)
+    failed = await api.ok(
+        "compute/reservations/get", {"tenantId": "root", "reservationId": placed["id"]}
+    )
+    assert (failed["state"], failed["reason"]) == (
+        "failed",
+        "DeliveryFailed: not delivered within 30s",
+    )
+    assert failed["delivery"]["state"] == "releasing"
+    assert execute(db, "SELECT used FROM quotas WHERE resource = 'gpu'") == [(0,)]
+    await host_confirms(api, node, inventory)
+    assert execute(db, "SELECT count(*) FROM node_devices WHERE allocated = 1") == [(0,)]
+
+
+@pytest.mark.parametrize(
+    ("placement", "field"),
+    [
+        ({"topology": "tight"}, "policy.placement.topology"),
+        ({"deliverWithinSeconds": 5}, "policy.placement.deliverWithinSeconds"),
+        ({"topology": "strict", "spread": True}, "policy.placement"),
+    ],
+)
+async def test_d2_the_placement_policy_is_validated(
+    api: Api, placement: dict[str, Any], field: str
+) -> None:
+    """D2, D6: placement.topology is preferred, strict or none; deliverWithinSeconds ≥ 30;
+    nothing else inside placement."""
+    status, answer = await api.call(
+        "compute/pools/create",
+        {
+            "tenantId": "root",
+            "siteId": await api.site(),
+            "class": "metal-host",
+            "gpuModel": "H100",
+            "policy": {"placement": placement},
+        },
+    )
+    assert status == 400, answer
+    assert answer["error"]["code"] == "INVALID_INPUT"
+    assert answer["error"]["details"]["field"].startswith(field), answer
