@@ -3,7 +3,8 @@
 The control plane on its SQLite file; three pools on a shared site, each with an agent
 reporting a recorded host (agent/fixtures/host-fixtures.json): the DGX H100 (exclusive),
 the DGX A100 with MIG on half its GPUs (mig), the L40S server (time-sliced, 4 slots a GPU);
-tenant `acme` with the H100 and A100 pools offered to it. Agents apply their NodeSpec under
+tenant `acme` with the H100 and A100 pools offered to it, and a reservation of acme's on the
+H100 delivered by its agent (a slice and an environment file under its root). Agents apply their NodeSpec under
 the data directory, never to this machine. It prints ready-to-paste commands (kept in
 `try-this.txt` in the data directory), and Ctrl-C stops everything it started. The logs go
 to `controlplane.log` and `agents/*/agent.log` there; the terminal shows their warnings and
@@ -230,7 +231,52 @@ def _agent(url: str, data_dir: Path, spec: DemoPool, interval: float) -> subproc
     )
 
 
-def _banner(url: str, data_dir: Path, pools: list[tuple[DemoPool, str]], nodes: list[Any]) -> str:
+def _delivered(url: str, acme: str, pool_id: str, seconds: float) -> Any:
+    """Acme's demo reservation on the H100 pool (made once: an idempotency key), once its host
+    has delivered it (D5, D6) or ``seconds`` have passed; the reservation as it then is."""
+    made = _call(
+        url,
+        acme,
+        "compute/reservations/create",
+        {
+            "tenantId": "acme",
+            "poolId": pool_id,
+            "resources": {"gpu": 2, "vcpu": 16},
+            "idempotencyKey": "demo-acme-h100",
+        },
+    )
+    deadline = time.monotonic() + seconds
+    while made["state"] == "placed" and time.monotonic() < deadline:
+        time.sleep(0.2)
+        made = _call(
+            url, acme, "compute/reservations/get", {"tenantId": "acme", "reservationId": made["id"]}
+        )
+    return made
+
+
+def _booking_lines(data_dir: Path, reservation: Any) -> str:
+    """Where the demo reservation is delivered: its slice and environment file."""
+    rid, state = reservation["id"], reservation["state"]
+    placement = reservation.get("placement") or {}
+    gpus = ", ".join(f"GPU {g['index']}" for g in placement.get("gpus", []))
+    root = data_dir / "agents" / "demo-h100" / "root"
+    if state != "active":
+        return f"Acme's reservation {rid} is {state} ({reservation.get('reason') or 'waiting'}).\n"
+    return (
+        f"Acme's reservation {rid} is active on {placement.get('hostname')} ({gpus}, CPUs "
+        f"{placement.get('cpus')}), delivered as\n"
+        f"  {root / 'run/systemd/system' / f'better-compute-{rid}.slice'}\n"
+        f"  {root / 'run/better-compute/reservations' / f'{rid}.env'}\n"
+    )
+
+
+def _banner(
+    url: str,
+    data_dir: Path,
+    pools: list[tuple[DemoPool, str]],
+    nodes: list[Any],
+    reservation: Any,
+) -> str:
     """What the demo serves, and commands to paste into another terminal (absolute paths, so
     they work from any directory)."""
     found = {(n["poolId"], n["hostname"]): n for n in nodes}
@@ -253,6 +299,7 @@ def _banner(url: str, data_dir: Path, pools: list[tuple[DemoPool, str]], nodes: 
     return (
         f"better-compute is serving on {url} with three agents on recorded hosts:\n{pools_text}\n"
         f"Nodes: {states}.\n"
+        f"{_booking_lines(data_dir, reservation)}"
         f"Tokens: {root} (root), {acme} (tenant acme), mode 0600.\n"
         f"NodeSpecs are applied under {data_dir / 'agents'}/*/root, never to this machine.\n"
         f"Logs: {data_dir / 'controlplane.log'}, {data_dir / 'agents'}/*/agent.log "
@@ -262,6 +309,7 @@ def _banner(url: str, data_dir: Path, pools: list[tuple[DemoPool, str]], nodes: 
         f"  export BETTER_COMPUTE_URL={url} BETTER_COMPUTE_TOKEN_FILE={acme}\n"
         "  better-compute pools list --tenant acme\n"
         f"  better-compute pools capacity --tenant acme {h100}\n"
+        f"  better-compute reservations get --tenant acme {reservation['id']}\n"
         f"  better-compute reservations create --tenant acme {h100} --resource gpu=2\n"
         f"  BETTER_COMPUTE_TOKEN_FILE={root} better-compute nodes list --tenant root\n"
     )
@@ -273,7 +321,11 @@ def _banner(url: str, data_dir: Path, pools: list[tuple[DemoPool, str]], nodes: 
 )
 @click.option("--listen", default="127.0.0.1:8080", show_default=True)
 @click.option(
-    "--interval", type=float, default=30.0, show_default=True, help="Agent report interval."
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Agent report interval (the demo's reservation is delivered at the next one).",
 )
 @click.option(
     "--reconcile-interval",
@@ -322,7 +374,10 @@ def demo(data_dir: Path, listen: str, interval: float, reconcile_interval: float
                 _copy_log(agents[-1], data_dir / "agents" / spec.key / "agent.log", spec.host)
             )
         nodes = _wait_nodes(url, token_file.read_text().strip(), {p for _, p in pools})
-        banner = _banner(url, data_dir, pools, nodes)
+        h100 = next(pool_id for spec, pool_id in pools if spec.key == "demo-h100")
+        acme = (data_dir / "acme.token").read_text().strip()
+        reservation = _delivered(url, acme, h100, 3 * interval + 5)
+        banner = _banner(url, data_dir, pools, nodes, reservation)
         (data_dir / "try-this.txt").write_text(banner)
         click.echo(
             f"\n{banner}This again: cat {data_dir / 'try-this.txt'}. Ctrl-C stops everything.\n"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +29,8 @@ def api(url: str, token: str, path: str, body: dict[str, object]) -> dict[str, o
 
 
 def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
-    """Three agents on recorded hosts join three pools; acme sees two offered pools; Ctrl-C stops all."""
+    """Three agents on recorded hosts join three pools; acme sees two offered pools and its
+    reservation delivered on the H100 (D5); Ctrl-C stops all."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path / "demo.log").open("w")
@@ -91,6 +93,20 @@ def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
             {"tenantId": "acme", "poolId": h100, "resources": {"gpu": 1}},
         )
         assert placed["state"] == "placed", placed  # type: ignore[index]
+        # D5, D6: the demo's own reservation of acme's was delivered by the H100's agent.
+        (demo_reservation,) = re.findall(r"Acme's reservation (res_\w+) is active", hint)
+        got = api(
+            url,
+            acme,
+            "compute/reservations/get",
+            {"tenantId": "acme", "reservationId": demo_reservation},
+        )
+        assert got["delivery"]["state"] == "delivered", got  # type: ignore[index]
+        root_dir = tmp_path / "var" / "agents" / "demo-h100" / "root"
+        unit = root_dir / f"run/systemd/system/better-compute-{demo_reservation}.slice"
+        assert "DevicePolicy=closed" in unit.read_text()
+        env_file = root_dir / f"run/better-compute/reservations/{demo_reservation}.env"
+        assert f"BETTER_COMPUTE_RESERVATION={demo_reservation}" in env_file.read_text()
         # The printed hint works as printed: the CLI with acme's token, a table, and --json at the end.
         env = {
             **os.environ,
@@ -107,7 +123,7 @@ def test_the_demo_shows_the_whole_product(tmp_path: Path) -> None:
         # M4: the table shows the pool's own id whole, and its lines fit 100 columns but for
         # what the demo's derived pool ids are longer than a random id (26 characters).
         assert table.returncode == 0 and h100 in table.stdout, table.stderr
-        assert "gpu 1/4" in table.stdout and all(
+        assert "gpu 3/4" in table.stdout and all(
             len(line) <= 100 + len(h100) - len("pool_") - 26 for line in table.stdout.splitlines()
         )
         as_json = subprocess.run(
