@@ -9,10 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
+from shared import cpulist
 from tests.conftest import execute
 from tests.daemons import Daemon, call, root_pool
+from tests.nodes import recorded
 
 INTERVAL = 0.3  # --reconcile-interval: a takeover is due within two of them
 
@@ -187,3 +190,115 @@ def test_b3_a_password_on_the_command_line_is_refused(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "PGPASSWORD" in done.stderr and "hunter2" not in done.stderr
+
+
+async def node_call(
+    session: aiohttp.ClientSession, daemon: Daemon, path: str, token: str, body: Any
+) -> Any:
+    return await call(session, daemon.url, path, token, body)
+
+
+async def test_d8_no_gpu_or_pinned_cpu_is_booked_twice_across_replicas(
+    replicas: list[Daemon], postgres_url: str
+) -> None:
+    """D8, B5: creates racing on both replicas for a host's GPUs and pinned cores book each
+    GPU and each CPU once; the host's releases, told to one replica, let the other's pending
+    ones in, still once each."""
+    first, second = replicas
+    inventory = msgspec.to_builtins(recorded("dgx-h100-01"))
+    async with aiohttp.ClientSession() as session:
+        pool = await root_pool(
+            session,
+            first,
+            gpuModel="H100",
+            policy={"hostReserve": {"vcpu": 8, "memoryGiB": 64}},
+            ownerQuota={"gpu": 100, "vcpu": 10_000},
+        )
+        join_token = await call(
+            session,
+            first.url,
+            "compute/joinTokens/create",
+            first.token,
+            {"tenantId": "root", "poolId": pool["id"]},
+        )
+        node = await call(
+            session,
+            second.url,
+            "compute/nodes/join",
+            "none",
+            {
+                "joinToken": join_token["token"],
+                "attestor": "join-token",
+                "hostname": "dgx",
+                "inventory": inventory,
+            },
+        )
+        spec = await node_call(
+            session, first, "compute/nodes/spec", node["token"], {"nodeId": node["nodeId"]}
+        )
+        applied = {
+            "version": spec["version"],
+            "units": [{"id": u["id"], "status": "applied"} for u in spec["units"]],
+        }
+        await node_call(
+            session,
+            first,
+            "compute/nodes/report",
+            node["token"],
+            {"nodeId": node["nodeId"], "inventory": inventory, "applied": applied},
+        )
+        body = {"tenantId": "root", "poolId": pool["id"], "resources": {"gpu": 1, "vcpu": 8}}
+        made = await asyncio.gather(
+            *(
+                call(session, replicas[n % 2].url, "compute/reservations/create", first.token, body)
+                for n in range(16)
+            )
+        )
+        assert Counter(r["state"] for r in made) == {"placed": 8, "pending": 8}
+
+        def exclusive() -> int:
+            held = execute(
+                postgres_url,
+                "SELECT placement FROM reservations WHERE state IN ('placed', 'active') "
+                "OR delivery_state IN ('releasing', 'release-blocked')",
+            )
+            gpus: list[str] = []
+            cpus: list[int] = []
+            for (text,) in held:
+                placement = msgspec.json.decode(text)
+                gpus += [g["uuid"] for g in placement["gpus"]]
+                cpus += cpulist.parse(placement["cpus"])
+            assert len(gpus) == len(set(gpus)) and len(cpus) == len(set(cpus)), (gpus, cpus)
+            assert execute(postgres_url, "SELECT count(*) FROM node_cpus") == [(len(cpus),)]
+            return len(gpus)
+
+        assert exclusive() == 8
+        placed = [r["id"] for r in made if r["state"] == "placed"]
+        await asyncio.gather(
+            *(
+                call(
+                    session,
+                    replicas[n % 2].url,
+                    "compute/reservations/end",
+                    first.token,
+                    {"tenantId": "root", "reservationId": rid},
+                )
+                for n, rid in enumerate(placed)
+            )
+        )
+        assert exclusive() == 8  # ended, releasing: still held
+        released = [{"reservationId": rid, "state": "released"} for rid in placed]
+        await node_call(
+            session,
+            second,
+            "compute/nodes/report",
+            node["token"],
+            {"nodeId": node["nodeId"], "inventory": inventory, "bookings": released},
+        )
+        for _ in range(100):  # bounded: the leader's passes place the pending ones
+            states = Counter(s for (s,) in execute(postgres_url, "SELECT state FROM reservations"))
+            if states["placed"] == 8:
+                break
+            await asyncio.sleep(0.1)
+        assert states == {"placed": 8, "ended": 8}, states
+        assert exclusive() == 8
