@@ -4,6 +4,7 @@ import contextlib
 import signal
 import ssl
 import sys
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -12,19 +13,25 @@ from typing import Any
 import click
 import msgspec
 
-from agent.apply import RECORD, Applier, runner_for
+from agent.apply import RECORD, Applier, RecordingRunner, runner_for
 from agent.client import ControlPlane, ControlPlaneError
 from agent.delivery import Deliverer
-from agent.inventory import FixtureError, InventoryCollector, collect_inventory
+from agent.inventory import (
+    FixtureError,
+    InventoryCollector,
+    collect_inventory,
+    compute_processes,
+)
 from agent.inventory.nvml.api import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings
 from agent.plan import describe, for_people, read_host, write_tree
 from agent.state import State, bookings_of, units_of
 from shared.errors import InvalidInput
+from shared.files import atomic_write
 from shared.gpu import with_families
 from shared.inventory import Inventory
 from shared.log import configure_logging
-from shared.nodespec import RenderRefused
+from shared.nodespec import Booking, RenderRefused
 from shared.policy import FIELD_VALIDATORS, validate_policy
 from shared.policy.model import policy_warnings
 from shared.render import render as render_spec
@@ -263,6 +270,13 @@ def _plan_kept_spec(
     show_default=True,
     help="The host the plan is compared with (its files, /proc/cmdline); read, never written.",
 )
+@click.option(
+    "--bookings",
+    "bookings_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Bookings as a NodeSpec carries them (a JSON list): the plan shows their delivery "
+    "steps too (D5).",
+)
 @click.option("--json", "as_json", is_flag=True, help="The plan as JSON, for scripts.")
 def render(
     policy_file: Path,
@@ -272,6 +286,7 @@ def render(
     fixture_host: str | None,
     out: Path,
     root: Path,
+    bookings_file: Path | None,
     as_json: bool,
 ) -> None:
     """The local dry-run: write the files the NodeSpec would install under --out, print the plan.
@@ -322,4 +337,20 @@ def render(
         click.echo(f"better-compute-agent: policy.{exc.field}: {exc.message}", err=True)
         sys.exit(2)
     write_tree(spec, out)
-    _echo_plan(describe(spec, read_host(spec, root, host)), as_json)
+    steps: list[dict[str, Any]] = []
+    if bookings_file is not None:
+        try:
+            bookings = msgspec.json.decode(bookings_file.read_bytes(), type=list[Booking])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            click.echo(f"better-compute-agent: {bookings_file}: {exc}", err=True)
+            sys.exit(2)
+        with tempfile.TemporaryDirectory() as nothing_delivered:  # as on a fresh host
+            busy = compute_processes(fixture, fixture_host) if fixture is not None else {}
+            scratch = Path(nothing_delivered)  # the plan runs nothing: a runner that records
+            planner = Deliverer(root, scratch, RecordingRunner(scratch), lambda: busy)
+            steps = planner.plan(bookings, host)
+        for step in steps:  # --out holds the bookings' files too, as if it were /
+            for written in step["files"]:
+                target = out / written["path"].lstrip("/")
+                atomic_write(target, written["content"].encode(), int(written["mode"], 8))
+    _echo_plan(describe(spec, read_host(spec, root, host, bookings=steps), steps), as_json)

@@ -154,3 +154,50 @@ def test_run_dry_run_prints_the_plan_of_the_kept_spec(
     assert plan["units"][-1]["commands"] == [["systemctl", "disable", "--now", "old.service"]]
     assert plan["diff"]["root"] == str(root)
     assert os.listdir(root) == []
+
+
+def test_d5_render_shows_and_writes_a_bookings_delivery(tmp_path: Path) -> None:
+    """D5: `render --bookings` plans each live booking's slice and environment file and the
+    systemctl steps like every unit's, writes both files under --out and touches no host."""
+    rid = "res_01k0000000000000000000000a"
+    dgx = host("dgx-h100-01")
+    gpu = dgx.gpus[2]
+    bookings = tmp_path / "bookings.json"
+    bookings.write_text(
+        json.dumps([{"reservationId": rid, "gpus": [gpu.uuid], "cpus": "8-11,120-123"}])
+    )
+    policy = tmp_path / "policy.json"
+    policy.write_text("{}")
+    out, root = tmp_path / "out", tmp_path / "root"
+    root.mkdir()
+    result = CliRunner().invoke(
+        agent.main.cli,
+        [
+            "render",
+            "--policy",
+            str(policy),
+            "--fixture",
+            str(FIXTURES),
+            "--fixture-host",
+            "dgx-h100-01",
+            "--out",
+            str(out),
+            "--root",
+            str(root),
+            "--bookings",
+            str(bookings),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    (step,) = json.loads(result.stdout)["bookings"]
+    slice_path = f"/run/systemd/system/better-compute-{rid}.slice"
+    assert [f["path"] for f in step["files"]] == [
+        slice_path,
+        f"/run/better-compute/reservations/{rid}.env",
+    ]
+    assert step["commands"][-1] == ["systemctl", "start", f"better-compute-{rid}.slice"]
+    unit = (out / slice_path.lstrip("/")).read_text()
+    assert f"DeviceAllow=/dev/nvidia{gpu.minor_number} rw" in unit
+    assert "AllowedCPUs=8-11,120-123" in unit
+    assert os.listdir(root) == []
