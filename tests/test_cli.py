@@ -128,8 +128,8 @@ def test_walkthrough(cli: Cli, tmp_path: Path) -> None:
     updated = cli.ok_json("pools", "update", pool_id, "--tenant", "root", "--policy", "{}")
     assert updated["version"] > pool["version"]
     capacity = cli("pools", "capacity", pool_id, "--tenant", "root").out
-    assert capacity.split()[:6] == [
-        "RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "OFFERED",
+    assert capacity.split()[:7] == [
+        "RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "RELEASING", "OFFERED",
     ]  # fmt: skip
     assert "items" in cli.ok_json("capacity", pool_id, "--tenant", "root")
 

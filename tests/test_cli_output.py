@@ -83,12 +83,13 @@ def test_m4_output_formats_on_a_list_and_a_get(world: World) -> None:
 
     table = cli("reservations", "list", "--tenant", "acme").out.splitlines()
     wide = cli("-o", "wide", "reservations", "list", "--tenant", "acme").out.splitlines()
-    assert table[0].split() == ["ID", "POOL", "STATE", "RESOURCES", "NODE", "REASON"]
+    assert table[0].split() == ["ID", "POOL", "STATE", "DELIVERY", "RESOURCES", "NODE", "REASON"]
     (row,), (wide_row,) = table[1:], wide[1:]
     node = listed["items"][0]["nodeId"]
-    assert row.split()[:3] == [world.reservation, table_id(h100), "placed"]
+    assert row.split()[:4] == [world.reservation, table_id(h100), "placed", "pending"]
     assert table_id(node) in row and node not in row
-    assert wide_row.split()[:3] == [world.reservation, h100, "placed"] and node in wide_row
+    assert wide_row.split()[:4] == [world.reservation, h100, "placed", "pending"]
+    assert node in wide_row
 
     got = cli("-o", "json", "pools", "get", h100, "--tenant", "root").json()
     assert got["id"] == h100 and got["gpuModel"] == "H100"

@@ -1,6 +1,7 @@
 """M2: the web console at /ui/, in Debian's headless Chromium driven by Playwright, against the
-real daemon with two recorded hosts joined: sign-in, the ledger bars, nodes, reservations, and
-an event that appears in the log through long-poll without a reload."""
+real daemon with two recorded hosts joined: sign-in, the ledger bars, nodes with their
+bookings, reservations with their placement and delivery, and an event that appears in the
+log through long-poll without a reload."""
 
 import json
 import shutil
@@ -83,9 +84,9 @@ def api(daemon: Daemon, path: str, body: dict[str, Any], token: str | None = Non
         return json.loads(response.read())
 
 
-def ready_node(daemon: Daemon, join_token: str, inventory: Inventory) -> str:
+def ready_node(daemon: Daemon, join_token: str, inventory: Inventory) -> dict[str, Any]:
     """A host joined, its NodeSpec reported applied as an agent's first cycle does (H1:
-    ready). Returns its node id."""
+    ready). Returns what the join answered: its node id and credential."""
     node = api(
         daemon,
         "compute/nodes/join",
@@ -108,7 +109,19 @@ def ready_node(daemon: Daemon, join_token: str, inventory: Inventory) -> str:
         },
         node["token"],
     )
-    return str(node["nodeId"])
+    return dict(node)
+
+
+def host_delivers(daemon: Daemon, node: dict[str, Any], inventory: Inventory) -> None:
+    """The node's agent reports every live booking of its spec delivered (D6)."""
+    spec = api(daemon, "compute/nodes/spec", {"nodeId": node["nodeId"]}, node["token"])
+    done = [
+        {"reservationId": b["reservationId"], "state": "delivered"}
+        for b in spec["bookings"]
+        if b["state"] == "live"
+    ]
+    report = {"nodeId": node["nodeId"], "inventory": wire(inventory), "bookings": done}
+    api(daemon, "compute/nodes/report", report, node["token"])
 
 
 def h100_pool(daemon: Daemon, site_name: str, region: str) -> str:
@@ -124,13 +137,15 @@ def h100_pool(daemon: Daemon, site_name: str, region: str) -> str:
         "class": "metal-host",
         "gpuModel": "H100",
         "policy": DGX_POLICY,
+        "ownerQuota": {"gpu": 16, "vcpu": 64},
     }
     return str(api(daemon, "compute/pools/create", pool)["id"])
 
 
 def fleet(daemon: Daemon) -> tuple[str, str, str, str]:
     """Root's H100 pool offered to acme (gpu 4) with dgx-h100-01 and dgx-h100-sick ready, the
-    sick one cordoned, and a gpu: 2 reservation placed: (pool, healthy node, sick node, res)."""
+    sick one cordoned, and a reservation of root's (gpu 2, vcpu 16) placed and delivered:
+    (pool, healthy node, sick node, res)."""
     pool = h100_pool(daemon, "fra1", "eu")
     api(daemon, "iam/tenants/create", {"tenantId": "acme"})
     offer = {"tenantId": "root", "poolId": pool, "toTenantId": "acme", "quota": {"gpu": 4}}
@@ -139,15 +154,17 @@ def fleet(daemon: Daemon) -> tuple[str, str, str, str]:
         daemon, "compute/joinTokens/create", {"tenantId": "root", "poolId": pool, "maxUses": 2}
     )["token"]
     healthy = ready_node(daemon, join, recorded("dgx-h100-01"))
-    sick = ready_node(daemon, join, recorded("dgx-h100-sick"))
+    sick = ready_node(daemon, join, recorded("dgx-h100-sick"))["nodeId"]
     api(daemon, "compute/nodes/cordon", {"tenantId": "root", "nodeId": sick, "reason": CORDON})
-    reservation = reserve(daemon, pool, 2)
-    assert reservation["nodeId"] == healthy, reservation
-    return pool, healthy, sick, reservation["id"]
+    reservation = reserve(daemon, pool, 2, vcpu=16)
+    assert reservation["nodeId"] == healthy["nodeId"], reservation
+    host_delivers(daemon, healthy, recorded("dgx-h100-01"))
+    return pool, healthy["nodeId"], sick, reservation["id"]
 
 
-def reserve(daemon: Daemon, pool: str, gpus: int) -> Any:
-    body = {"tenantId": "root", "poolId": pool, "resources": {"gpu": gpus}}
+def reserve(daemon: Daemon, pool: str, gpus: int, tenant: str = "root", **rows: int) -> Any:
+    """A reservation of `tenant`'s (made with root's token, which acts for any), placed."""
+    body = {"tenantId": tenant, "poolId": pool, "resources": {"gpu": gpus, **rows}}
     reservation = api(daemon, "compute/reservations/create", body)
     assert reservation["state"] == "placed", reservation
     return reservation
@@ -185,16 +202,20 @@ def figures(page: Page, pool: str, resource: str) -> str:
 def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
     daemon: Daemon, tmp_path: Path
 ) -> None:
-    """M2, H6, H5, H3, H7, B2, R1: the console's files come with a strict CSP; a bad token is
-    refused at sign-in; the root token (kept in sessionStorage only) shows the pool's ledger
-    as bars (gpu: total 16, schedulable 8, allocated 2, available 6, offered 4, as
-    pools/capacity answers), the nodes by state with unhealthy GPUs and the cordon reason, the
-    placed reservation, and a reservation made through the API appears in the event log and
-    the ledger without a reload; acme's token shows acme's view, and a token of acme's that
-    may not read nodes or reservations (R1) sees those panels refused, and one that may read
-    only a pool in another region, its reservations read one a page (B1), still sees the one
-    there behind pages of hidden ones. No request leaves 127.0.0.1 and the page logs no
-    error but the refusals it was shown."""
+    """M2, H6, H5, H3, H7, B2, R1, D4, D7: the console's files come with a strict CSP; a bad
+    token is refused at sign-in; the root token (kept in sessionStorage only) shows the pool's
+    ledger as bars (gpu: total 16, schedulable 8, allocated 2, available 6, releasing 0,
+    offered 4, as pools/capacity answers), the nodes by state with unhealthy GPUs, the cordon
+    reason and the booking on the healthy one, root's reservation active with its placement
+    (host, GPUs with UUID and device file, shared CPUs) and `delivered`; acme's reservation
+    made through the API appears in the event log, the ledger and among the bookings on root's
+    nodes (which root's own reservations/list never shows) without a reload, and once ended it
+    is `releasing` there and in the ledger's bar; acme's token shows acme's view, and a token
+    of acme's that may not read nodes or reservations (R1) sees those panels refused, and one
+    that may read only a pool in another region, its reservations read one a page (B1), still
+    sees the one there behind pages of hidden ones, and of the bookings only the one on its
+    node there. No request leaves 127.0.0.1 and the page logs no error but the refusals it
+    was shown."""
     pool, healthy, sick, reservation = fleet(daemon)
     # Plain HTTP first: the redirects and the revalidation of a file the browser already has.
     assert get(f"{daemon.url}/")[0] == 302 and get(f"{daemon.url}/")[1]["Location"] == "/ui/"
@@ -256,7 +277,7 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
 
         # H6: the ledger as pools/capacity answers it, drawn as bars.
         ledger = api(daemon, "compute/pools/capacity", {"tenantId": "root", "poolId": pool})
-        gpu = "total 16 · schedulable 8 · allocated 2 · available 6 · offered 4"
+        gpu = "total 16 · schedulable 8 · allocated 2 · available 6 · releasing 0 · offered 4"
         expect(
             page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
         ).to_have_text(gpu)
@@ -270,19 +291,47 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         }
         assert widths == {"allocated": 12.5, "available": 37.5, "unschedulable": 50.0}
         assert bar.locator("rect.offered").get_attribute("x") == "25"
+        expect(bar.locator("rect.releasing")).to_have_count(0)  # nothing ended yet
 
         # H5, H3: both nodes ready; the sick one's GPUs 3 and 5 unhealthy, and why it is cordoned.
         ready = page.locator('#nodes section[data-state="ready"]')
-        expect(ready.locator("tbody tr")).to_have_count(2)
+        expect(ready.locator("tbody tr[data-node-id]")).to_have_count(2)
         sick_row = ready.locator(f'tr[data-node-id="{sick}"]')
         expect(sick_row.locator('.gpu[data-health="unhealthy"]')).to_have_text(["3", "5"])
         expect(sick_row.locator("td.reasons")).to_contain_text(f"cordoned: {CORDON}")
         expect(sick_row.locator("td.reasons")).to_contain_text("GPU 3 unhealthy: xid:79")
         expect(sick_row.locator("td").nth(3)).to_have_text("no")
         expect(page.locator(f'tr[data-node-id="{healthy}"] td').nth(3)).to_have_text("yes")
+
+        # D4, D6: root's reservation, delivered by its host: active, where it is and what it
+        # holds, as reservations/get answers.
+        got = api(
+            daemon, "compute/reservations/get", {"tenantId": "root", "reservationId": reservation}
+        )
+        placement = got["placement"]
         placed = page.locator(f'#reservations tr[data-reservation-id="{reservation}"]')
-        expect(placed.locator("td.state")).to_have_text("placed")
-        expect(placed).to_contain_text("dgx-h100-01")
+        expect(placed.locator("td.state")).to_have_text("active")
+        cell = placed.locator("td.placement")
+        expect(cell.locator(".host")).to_have_text("dgx-h100-01")
+        expect(cell.locator(".device")).to_have_text(
+            [
+                f"GPU {g['index']} · /dev/nvidia{g['minorNumber']} · NUMA {g['numaNode']} {g['uuid']}"
+                for g in placement["gpus"]
+            ]
+        )
+        expect(cell.locator(".resources")).to_have_text(
+            [f"CPUs {placement['cpus']} share 1600%"]  # DGX_POLICY overcommits vCPUs
+        )
+        expect(cell.locator(".topology")).to_contain_text("NVLink")
+        expect(placed.locator("td.delivery")).to_have_text("delivered")
+        expect(page.locator("#reservations-count")).to_have_text("(1)")
+        # D4: the booking on its node, GPUs by index, chips outlined.
+        indices = ", ".join(str(g["index"]) for g in placement["gpus"])
+        booking = page.locator(f'#nodes .booking[data-reservation-id="{reservation}"]')
+        expect(booking).to_contain_text(f"root · GPU {indices} · CPUs {placement['cpus']}")
+        expect(booking.locator(".delivery")).to_have_text("delivered")
+        booked = page.locator(f'tr[data-node-id="{healthy}"] .gpu.booked')
+        expect(booked).to_have_text([str(g["index"]) for g in placement["gpus"]])
         expect(page.locator('#events li[data-type="pool.created"]')).to_have_count(1)
         expect(page.locator("#live")).to_have_text("live")
 
@@ -291,19 +340,43 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         assert (saved["token"], saved["tenant"]) == (daemon.token, "root")
         assert page.evaluate("localStorage.length") == 0 and context.cookies() == []
 
-        # B2: an event made through the API reaches the open page by long-poll, no reload.
+        # B2, D4: acme's reservation made through the API reaches the open page by long-poll,
+        # no reload: root's own reservations stay one, and the bookings on root's nodes (the
+        # owner's view) show acme's, not yet delivered.
         page.evaluate("window.stayed = true")
         newest = int(page.locator("#events li").first.get_attribute("data-seq") or "0")
-        second = reserve(daemon, pool, 1)
-        expect(
-            page.locator(f'#reservations tr[data-reservation-id="{second["id"]}"]')
-        ).to_be_visible()
+        second = reserve(daemon, pool, 1, tenant="acme")
+        on_nodes = page.locator(f'#bookings tr[data-reservation-id="{second["id"]}"]')
+        expect(on_nodes).to_be_visible()
+        expect(on_nodes.locator("td.tenant")).to_have_text("acme")
+        expect(on_nodes.locator("td.host")).to_have_text("dgx-h100-01")
+        expect(on_nodes.locator("td.delivery")).to_have_text("pending")
+        expect(page.locator("#bookings-count")).to_have_text("(2)")
+        expect(page.locator("#reservations-count")).to_have_text("(1)")
+        acme_booking = page.locator(f'#nodes .booking[data-reservation-id="{second["id"]}"]')
+        expect(acme_booking.locator(".tenant")).to_have_text("acme")
         after = page.locator("#events li").first
         assert int(after.get_attribute("data-seq") or "0") > newest
         expect(page.locator("#events")).to_contain_text(second["id"])
         expect(
             page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
-        ).to_have_text("total 16 · schedulable 8 · allocated 3 · available 5 · offered 4")
+        ).to_have_text(
+            "total 16 · schedulable 8 · allocated 3 · available 5 · releasing 0 · offered 4"
+        )
+
+        # D7: ended, acme's booking holds its GPU until the host releases it: releasing, within
+        # allocated, drawn over the allocated segment's end.
+        end = {"tenantId": "acme", "reservationId": second["id"]}
+        api(daemon, "compute/reservations/end", end)
+        expect(on_nodes.locator("td.delivery")).to_have_text("releasing")
+        expect(on_nodes.locator("td.state")).to_have_text("ended")
+        expect(
+            page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
+        ).to_have_text(
+            "total 16 · schedulable 8 · allocated 3 · available 5 · releasing 1 · offered 4"
+        )
+        releasing = bar.locator("rect.releasing")
+        assert (releasing.get_attribute("x"), releasing.get_attribute("width")) == ("12.5", "6.25")
         assert page.evaluate("window.stayed") is True
 
         shot = tmp_path / "console.png"
@@ -329,10 +402,12 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         card = page.locator(f'[data-pool-id="{pool}"]')
         expect(card.locator(".badge")).to_have_text("offered by root")
         expect(card.locator('tr[data-resource="gpu"] td.figures')).to_have_text(
-            "total 16 · schedulable 8 · allocated 3 · available 5"
+            "total 16 · schedulable 8 · allocated 3 · available 5 · releasing 1"
         )
         expect(card.locator("rect.offered")).to_have_count(0)
         expect(page.locator("#nodes")).to_have_text("No nodes in the pools this tenant owns.")
+        expect(page.locator("#bookings-panel")).to_be_hidden()  # no nodes: no bookings on them
+        expect(page.locator("#reservations")).to_have_text("None pending, placed or active.")
 
         assert errors == []
 
@@ -344,6 +419,7 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         expect(card.locator('tr[data-resource="gpu"] td.figures')).to_be_visible()
         expect(page.locator("#nodes")).to_have_text("This token may not read nodes.")
         expect(page.locator("#reservations")).to_have_text("This token may not read reservations.")
+        expect(page.locator("#bookings-panel")).to_be_hidden()
 
         # B1, R1: a token that may read only the pool in us, its reservations read one a page:
         # the first pages (root's reservations in fra1) come back empty with `next` moved past
@@ -355,7 +431,14 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         page.press("#token", "Enter")
         expect(page.locator(f'[data-pool-id="{us_pool}"]')).to_be_visible()
         expect(page.locator("#reservations tbody tr")).to_have_count(1)
-        expect(page.locator(f'tr[data-reservation-id="{us_reservation}"]')).to_be_visible()
+        expect(
+            page.locator(f'#reservations tr[data-reservation-id="{us_reservation}"]')
+        ).to_be_visible()
+        # ...and of the bookings on root's nodes, only the one on the node in us (R1, D4).
+        expect(page.locator("#bookings tbody tr")).to_have_count(1)
+        expect(
+            page.locator(f'#bookings tr[data-reservation-id="{us_reservation}"]')
+        ).to_be_visible()
         expect(page.locator(f'[data-pool-id="{pool}"]')).to_have_count(0)
         browser.close()
 

@@ -150,6 +150,7 @@ async def test_l3_capacity_equals_capacity_by_pool(api: Api, db: Path) -> None:
                 "schedulable": 16,
                 "allocated": 16,
                 "available": 0,
+                "releasing": 0,
                 "offered": 0,
             },
             {
@@ -159,6 +160,7 @@ async def test_l3_capacity_equals_capacity_by_pool(api: Api, db: Path) -> None:
                 "schedulable": 150,
                 "allocated": 10,
                 "available": 140,
+                "releasing": 0,
                 "offered": 0,
             },
         ]

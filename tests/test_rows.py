@@ -86,6 +86,10 @@ def stored_reservation(resources: str) -> dict[str, Any]:
         "updated_at": "a",
         "placed_at": None,
         "ended_at": None,
+        "placement": None,
+        "delivery_state": None,
+        "delivery_reason": None,
+        "delivery_at": None,
     }
 
 

@@ -8,7 +8,18 @@ import msgspec
 from controlplane.cli.calls import call, end_of_log, every, next_events
 from controlplane.cli.group import cli
 from controlplane.cli.ids import POOL, RESERVATION, whole
-from controlplane.cli.output import emit, fields, id_cell, items, short, shown, table
+from controlplane.cli.output import (
+    cpus_cell,
+    emit,
+    fields,
+    human_bytes,
+    id_cell,
+    items,
+    short,
+    shown,
+    table,
+    yes,
+)
 from controlplane.cli.params import (
     KeyInt,
     page_size_option,
@@ -127,34 +138,106 @@ def join_tokens_create(
 
 # --- reservations and budgets ----------------------------------------------------
 
-RES_HEADERS = ["ID", "POOL", "STATE", "RESOURCES", "NODE", "REASON"]
+RES_HEADERS = ["ID", "POOL", "STATE", "DELIVERY", "RESOURCES", "NODE", "REASON"]
 
 
 def asked(r: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in r["resources"].items())
 
 
+def delivery_state(r: dict[str, Any]) -> str | None:
+    """D6, D7: how far the host has got with the booking; null until placed."""
+    return r["delivery"]["state"] if r.get("delivery") else None
+
+
 def res_row(r: dict[str, Any]) -> list[Any]:
     node, reason = id_cell(r.get("nodeId")), r.get("reason")
-    return [r["id"], id_cell(r["poolId"]), r["state"], asked(r), node, reason]
+    return [r["id"], id_cell(r["poolId"]), r["state"], delivery_state(r), asked(r), node, reason]
 
 
 res_table = items(RES_HEADERS, res_row, fit="REASON")
 
 
+def delivery_text(delivery: dict[str, Any] | None) -> str | None:
+    """`delivered (since …)`, or with the agent's reason: `failed: gpu busy: pid 4242 (since …)`."""
+    if delivery is None:
+        return None
+    reason = f": {delivery['reason']}" if delivery.get("reason") else ""
+    return f"{delivery['state']}{reason} (since {delivery['at']})"
+
+
+def memory_text(placement: dict[str, Any]) -> str | None:
+    """The booking's memory limit, and the NUMA nodes it comes from when its CPUs are pinned."""
+    if placement.get("memoryBytes") is None:
+        return None
+    nodes = placement.get("memoryNodes")
+    return human_bytes(placement["memoryBytes"]) + (f" on NUMA nodes {nodes}" if nodes else "")
+
+
+def topology_text(topology: dict[str, Any]) -> str | None:
+    """D2: `NVLink yes, worst level node, NUMA nodes 0`; NVLink and the worst level are null for
+    fewer than two GPUs, so they are left out then."""
+    parts = []
+    if topology.get("nvlink") is not None:
+        parts.append(f"NVLink {yes(topology['nvlink'])}")
+    if topology.get("worstLevel"):
+        parts.append(f"worst level {topology['worstLevel']}")
+    if topology.get("numaNodes"):
+        parts.append("NUMA nodes " + ",".join(str(n) for n in topology["numaNodes"]))
+    return ", ".join(parts) or None
+
+
+def device_file(minor: int | None) -> str | None:
+    return None if minor is None else f"/dev/nvidia{minor}"
+
+
+def show_devices(placement: dict[str, Any]) -> None:
+    """D4: each GPU, MIG instance and slot the booking holds, one table per kind it has; a GPU
+    with its device file, the one the host lets the booking's slice open (D5)."""
+    gpus, migs, slots = placement["gpus"], placement["migInstances"], placement["slots"]
+    if gpus:
+        click.echo()
+        table(
+            ["GPU", "UUID", "DEVICE", "NUMA"],
+            [
+                [g["index"], g["uuid"], device_file(g.get("minorNumber")), g.get("numaNode")]
+                for g in gpus
+            ],
+        )
+    if migs:
+        click.echo()
+        table(["GPU", "MIG", "PROFILE"], [[m["gpuIndex"], m["uuid"], m["profile"]] for m in migs])
+    if slots:
+        click.echo()
+        table(["GPU", "SLOT"], [[s["gpuIndex"], s["slot"]] for s in slots])
+
+
 def show_res(r: dict[str, Any]) -> None:
-    """One reservation as `key: value` lines, its ids whole (what `end` and `get` take)."""
+    """One reservation as `key: value` lines, its ids whole (what `end` and `get` take); once
+    placed, where (D4): the node, CPUs, memory, topology, the host's delivery (D6, D7) and a
+    table of the devices it holds."""
     mig = f" ({r['migProfile']})" if r.get("migProfile") else ""
+    placement = r.get("placement")
+    node = f"{placement['hostname']} ({placement['nodeId']})" if placement else r.get("nodeId")
     rows = [
         ["id:", r["id"]],
         ["pool:", r["poolId"]],
         ["state:", r["state"]],
         ["resources:", asked(r) + mig],
-        ["node:", r.get("nodeId")],
+        ["node:", node],
         ["reason:", r.get("reason")],
         ["expires:", r.get("expiresAt")],
+        ["delivery:", delivery_text(r.get("delivery"))],
     ]
+    if placement:
+        rows += [
+            ["cpus:", cpus_cell(placement.get("cpus"), placement.get("cpuQuota"))],
+            ["memory:", memory_text(placement)],
+            ["topology:", topology_text(placement["topology"])],
+        ]
     table(None, rows)
+    if placement:
+        show_devices(placement)
 
 
 @cli.group()
@@ -197,7 +280,8 @@ def reservations_create(
 @click.argument("reservation_id")
 @watch_option
 def reservations_get(tenant: str | None, reservation_id: str, watch: bool) -> None:
-    """Show one reservation."""
+    """Show one reservation: once placed, the node, devices, CPUs and memory it holds and how
+    far the host has got delivering it (D4); -o json and -o yaml carry the whole answer."""
     tenant_id = tenant_of(tenant)
     body = {"tenantId": tenant_id, "reservationId": whole(RESERVATION, reservation_id, tenant_id)}
     shown(lambda: call("compute/reservations/get", body), show_res, watch, tenant_id)
@@ -221,7 +305,7 @@ def reservations_list(
     page_size: int | None,
     watch: bool,
 ) -> None:
-    """List a tenant's reservations."""
+    """List a tenant's reservations, each with its delivery state (D6, D7)."""
     tenant_id = tenant_of(tenant)
     pool = whole(POOL, pool_id, tenant_id)
     body = {"tenantId": tenant_id, "poolId": pool, "states": list(states)}

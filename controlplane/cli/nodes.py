@@ -13,7 +13,16 @@ import click
 from controlplane.cli.calls import call, every
 from controlplane.cli.group import cli
 from controlplane.cli.ids import NODE, POOL, whole
-from controlplane.cli.output import emit, fields, human_bytes, id_cell, shown, table, yes
+from controlplane.cli.output import (
+    cpus_cell,
+    emit,
+    fields,
+    human_bytes,
+    id_cell,
+    shown,
+    table,
+    yes,
+)
 from controlplane.cli.params import (
     Duration,
     page_size_option,
@@ -105,8 +114,57 @@ def node_summary(n: dict[str, Any]) -> None:
     table(None, rows)
 
 
+def booked_devices(b: dict[str, Any], n: dict[str, Any]) -> str | None:
+    """What a booking holds, by the node's GPU indices: `gpu 0,1`, `2x 1g.10gb on gpu 0`,
+    `slots 0,1 on gpu 3`. The node's inventory names each UUID; one it does not name is
+    shown as it is."""
+    index = {g["uuid"]: g["index"] for g in n["gpus"]}
+    mig = {
+        m["uuid"]: f"{m['profile']} on gpu {g['index']}"
+        for g in (n.get("inventory") or {}).get("gpus", [])
+        for m in g.get("migInstances", [])
+    }
+    parts = []
+    if b["gpus"]:
+        parts.append("gpu " + ",".join(str(index.get(uuid, uuid)) for uuid in b["gpus"]))
+    instances: dict[str, int] = {}
+    for uuid in b["migInstances"]:
+        instances[mig.get(uuid, uuid)] = instances.get(mig.get(uuid, uuid), 0) + 1
+    parts += [f"{count}x {label}" for label, count in instances.items()]
+    slots: dict[str, list[str]] = {}
+    for slot in b["slots"]:  # "gpuIndex/slot"
+        gpu, _, number = slot.partition("/")
+        slots.setdefault(gpu, []).append(number)
+    parts += [f"slots {','.join(numbers)} on gpu {gpu}" for gpu, numbers in slots.items()]
+    return ", ".join(parts) or None
+
+
+BOOKING_HEADERS = ["RESERVATION", "TENANT", "DEVICES", "CPUS", "MEMORY", "DELIVERY"]
+
+
+def bookings_table(n: dict[str, Any]) -> None:
+    """D4, the owner's view: each live or releasing booking on the node, its reservation id
+    whole, whose it is, what it holds and how far the host has got with it (D6, D7)."""
+    table(
+        BOOKING_HEADERS,
+        [
+            [
+                b["reservationId"],
+                b["tenantId"],
+                booked_devices(b, n),
+                cpus_cell(b.get("cpus"), b.get("cpuQuota")),
+                None if b.get("memoryBytes") is None else human_bytes(b["memoryBytes"]),
+                b["delivery"],
+            ]
+            for b in n.get("bookings", [])
+        ],
+        fit=BOOKING_HEADERS.index("DEVICES"),
+    )
+
+
 def show_node(n: dict[str, Any]) -> None:
-    """`nodes get`: the lifecycle, each GPU's health (H5), then rows and atoms."""
+    """`nodes get`: the lifecycle, each GPU's health (H5), rows and atoms, then the bookings
+    on it (D4)."""
     node_summary(n)
     if n["gpus"]:
         click.echo()
@@ -141,6 +199,9 @@ def show_node(n: dict[str, Any]) -> None:
     rows += [[key, *counts[:2], "-", *counts[2:]] for key, counts in sorted(atoms.items())]
     click.echo()
     table(["RESOURCE", "CAPACITY", "ALLOCATED", "RATIO", "UNHEALTHY", "HELD"], rows)
+    if n.get("bookings"):  # an empty list is left out of the answer
+        click.echo()
+        bookings_table(n)
 
 
 # --- commands --------------------------------------------------------------------
@@ -178,13 +239,14 @@ def nodes_list(
     )
 
 
-@nodes.command("get", short_help="One node: state, health, rows and atoms.")
+@nodes.command("get", short_help="One node: state, health, rows, atoms and bookings.")
 @tenant_option
 @click.argument("node_id")
 @watch_option
 def nodes_get(tenant: str | None, node_id: str, watch: bool) -> None:
     """Show one node: state and reason, schedulable, cordon, drain, pending reboot, applied
-    and spec versions (H1, H3), each GPU's health (H5), its resource rows and GPU atoms."""
+    and spec versions (H1, H3), each GPU's health (H5), its resource rows and GPU atoms, and
+    the live and releasing bookings on it (D4: reservation, tenant, devices, CPUs, delivery)."""
     tenant_id = tenant_of(tenant)
     body = {"tenantId": tenant_id, "nodeId": whole(NODE, node_id, tenant_id)}
     shown(lambda: call("compute/nodes/get", body), show_node, watch, tenant_id)

@@ -124,6 +124,14 @@ def human_bytes(count: int) -> str:
     return f"{value:.1f} TiB"
 
 
+def cpus_cell(cpus: str | None, cpu_quota: int | None) -> str | None:
+    """D3: a booking's CPUs, `0-3,112-115 pinned` (exclusive) or `4-55 share 800%` (a share of
+    the CPUs near its GPUs: the vCPUs ×100 as a CFS quota)."""
+    if not cpus and cpu_quota is None:
+        return None
+    return f"{cpus or '-'} share {cpu_quota}%" if cpu_quota is not None else f"{cpus} pinned"
+
+
 def used_max(row: dict[str, Any]) -> str:
     return f"{row['used']}/{'unlimited' if row['max'] == UNLIMITED else row['max']}"
 

@@ -61,13 +61,16 @@ def show_pool(p: dict[str, Any]) -> None:
     click.echo(f"policy: {short(p['policy'])}")
 
 
-CAPACITY_HEADERS = ["RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "OFFERED"]
+CAPACITY_HEADERS = [
+    "RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "RELEASING", "OFFERED",
+]  # fmt: skip
 
 
 def capacity_table(answer: Any) -> None:
     """H6, the capacity ledger: TOTAL over every node, SCHEDULABLE over ready, schedulable
-    nodes and healthy GPUs, ALLOCATED booked, AVAILABLE schedulable and not booked, OFFERED
-    the quota sold to other tenants (the owner's view only; `-` for anyone else)."""
+    nodes and healthy GPUs, ALLOCATED booked, AVAILABLE schedulable and not booked, RELEASING
+    the part of ALLOCATED that ended bookings hold until their host confirms the release (D7),
+    OFFERED the quota sold to other tenants (the owner's view only; `-` for anyone else)."""
     table(
         CAPACITY_HEADERS,
         [
@@ -77,6 +80,7 @@ def capacity_table(answer: Any) -> None:
                 r["schedulable"],
                 r["allocated"],
                 r["available"],
+                r["releasing"],
                 r.get("offered"),
             ]
             for r in answer["items"]

@@ -1,7 +1,9 @@
 // The read-only console (DESIGN M2): sign in with a token kept in this tab's session storage,
-// then pools with their capacity ledger (H6), nodes by state with GPU health and cordon/drain
-// reasons (H3, H5, H7), live reservations, and the event log followed by long-poll (B2). Every
-// panel is drawn again when new events arrive. The DOM is built with createElement and
+// then pools with their capacity ledger (H6, D7), nodes by state with GPU health, cordon/drain
+// reasons and the bookings on them (H3, H5, H7, D4), the tenant's live reservations with what
+// each holds and how far its host has got delivering it (D4), the bookings on the tenant's
+// nodes whoever's they are, and the event log followed by long-poll (B2). Every panel is drawn
+// again when new events arrive. The DOM is built with createElement and
 // textContent only: nothing the API answers is ever parsed as HTML.
 
 import { call, listAll } from "./api.js";
@@ -127,8 +129,13 @@ function start(session) {
   byId("who").title = `credential ${session.credential}`;
   for (const id of ["who", "live", "sign-out"]) byId(id).hidden = false;
   // Nothing of a session before stays on show while this one's first answers come.
-  for (const id of ["pools", "nodes", "reservations", "events"]) byId(id).replaceChildren();
-  for (const id of ["pools", "nodes", "reservations"]) byId(`${id}-count`).textContent = "";
+  for (const id of ["pools", "nodes", "reservations", "bookings", "events"]) {
+    byId(id).replaceChildren();
+  }
+  for (const id of ["pools", "nodes", "reservations", "bookings"]) {
+    byId(`${id}-count`).textContent = "";
+  }
+  byId("bookings-panel").hidden = true;
   setLive("waiting", "connecting…");
   refreshSoon(active);
   follow(active);
@@ -164,6 +171,9 @@ function refreshSoon(run) {
 
 // The pools with their ledgers, the fleet's nodes and the live reservations, each on its own:
 // a panel the token may not read (a refusal, 403 or 404) says so and the others are drawn.
+// reservations/list answers the signed-in tenant's own reservations only; what other tenants
+// book on this tenant's nodes only the nodes' bookings tell (D4: the owner's view), so those
+// are drawn from the nodes, in a panel of their own shown to a tenant that has nodes.
 async function refresh(run) {
   const { token, tenant } = run.session;
   const signal = run.controller.signal;
@@ -183,7 +193,7 @@ async function refresh(run) {
   const panels = [
     ["pools", () => renderPools(...pools)],
     ["nodes", () => renderNodes(nodes)],
-    ["reservations", () => renderReservations(reservations, nodes ?? [])],
+    ["reservations", () => renderReservations(reservations)],
   ];
   let retry = null;
   results.forEach((result, i) => {
@@ -194,6 +204,9 @@ async function refresh(run) {
       byId(name).replaceChildren(empty(`This token may not read ${name}.`));
     } else retry = retry ?? result.reason;
   });
+  const owner = results[1].status === "fulfilled" && nodes.length > 0;
+  byId("bookings-panel").hidden = !owner;
+  if (owner) renderBookings(nodes);
   if (retry === null) showProblem(null);
   else {
     failed(run, retry, (text) => {
@@ -263,6 +276,8 @@ function poolCard(pool, rows) {
 // H6: one resource's ledger as a bar: allocated, then available, then what is not schedulable
 // (unready or cordoned nodes, unhealthy GPUs), on a scale of the total (or of what was offered,
 // when more was sold than exists); the offered sum, when there is one, is a mark across the bar.
+// D7: what ended bookings hold until their host releases it is within allocated, drawn over
+// the allocated segment's end.
 function ledgerRow(row) {
   const scale = Math.max(row.total, row.offered ?? 0, 1);
   const share = (amount) => (100 * amount) / scale;
@@ -278,6 +293,7 @@ function ledgerRow(row) {
     ["schedulable", row.schedulable],
     ["allocated", row.allocated],
     ["available", row.available],
+    ["releasing", row.releasing],
     ["offered", row.offered],
   ].filter(([, value]) => value !== undefined);
   const text = figures.map(([name, value]) => `${name} ${value}`).join(" · ");
@@ -292,6 +308,15 @@ function ledgerRow(row) {
     },
     svg("title", {}, `${row.resource}: ${text}`),
     segment("allocated", row.allocated),
+    row.releasing
+      ? svg("rect", {
+          class: "releasing",
+          x: share(row.allocated - row.releasing),
+          y: 0,
+          width: share(row.releasing),
+          height: 10,
+        })
+      : null,
     segment("available", row.available),
     segment("unschedulable", unschedulable),
     !row.offered // absent (not the owner) or nothing offered: no mark
@@ -342,21 +367,11 @@ function renderNodes(nodes) {
   );
 }
 
+// Each node's row, and below it, when something is booked on it, a row of its bookings (D4)
+// across the columns: a column of its own would widen the table past its panel.
 function nodeTable(nodes) {
-  return h(
-    "table",
-    { class: "grid" },
-    h(
-      "thead",
-      {},
-      h(
-        "tr",
-        {},
-        ["host", "node", "pool", "schedulable", "GPUs (health)", "why"].map((t) => h("th", {}, t)),
-      ),
-    ),
-    h("tbody", {}, nodes.map(nodeRow)),
-  );
+  const columns = ["host", "node", "pool", "schedulable", "GPUs (health)", "why"];
+  return grid(columns, nodes.map((node) => [nodeRow(node), bookingsRow(node)]));
 }
 
 // H5: `healthy`, or `unhealthy: xid:79` with the agent's reason.
@@ -364,19 +379,25 @@ function health(gpu) {
   return gpu.healthReason ? `${gpu.health}: ${gpu.healthReason}` : gpu.health;
 }
 
-// H5: one chip per GPU, coloured by health; H1, H3: why a node is not (fully) schedulable.
+// H5: one chip per GPU, coloured by health, outlined when a booking holds it (D4); H1, H3: why
+// a node is not (fully) schedulable.
 function nodeRow(node) {
-  const chips = node.gpus.map((gpu) =>
-    h(
+  const bookings = node.bookings ?? []; // an empty list is left out of the answer
+  const holder = new Map(bookings.flatMap((b) => b.gpus.map((uuid) => [uuid, b])));
+  const chips = node.gpus.map((gpu) => {
+    const booking = holder.get(gpu.uuid);
+    return h(
       "span",
       {
-        class: `gpu ${gpu.health}`,
-        title: `GPU ${gpu.index} ${gpu.name}: ${health(gpu)}`,
+        class: booking ? `gpu ${gpu.health} booked` : `gpu ${gpu.health}`,
+        title:
+          `GPU ${gpu.index} ${gpu.name}: ${health(gpu)}` +
+          (booking ? `; booked by ${booking.tenantId} (${booking.reservationId})` : ""),
         dataset: { health: gpu.health },
       },
       String(gpu.index),
-    ),
-  );
+    );
+  });
   const reasons = [
     node.stateReason ? `${node.state}: ${node.stateReason}` : null,
     node.cordon ? `cordoned: ${node.cordon.reason} (since ${when(node.cordon.at)})` : null,
@@ -391,7 +412,7 @@ function nodeRow(node) {
   ];
   return h(
     "tr",
-    { dataset: { nodeId: node.id } },
+    { class: bookings.length ? "has-bookings" : null, dataset: { nodeId: node.id } },
     h("td", { class: "host" }, node.hostname),
     h("td", {}, idCode(node.id)),
     h("td", {}, idCode(node.poolId)),
@@ -405,9 +426,150 @@ function nodeRow(node) {
   );
 }
 
-function renderReservations(reservations, nodes) {
+// D4: the node's live and releasing bookings, whoever's they are (the owner's view): the
+// reservation, its tenant, the devices and CPUs it holds, and its delivery.
+function bookingsRow(node) {
+  const bookings = node.bookings ?? [];
+  if (!bookings.length) return null;
+  return h(
+    "tr",
+    { class: "bookings-row", dataset: { bookingsOf: node.id } },
+    h("td", { class: "bookings-label" }, "booked"),
+    h(
+      "td",
+      { colspan: 5 },
+      bookings.map((booking) =>
+        h(
+          "div",
+          { class: "booking", dataset: { reservationId: booking.reservationId } },
+          idCode(booking.reservationId),
+          " ",
+          h("span", { class: "tenant" }, booking.tenantId),
+          present([bookedDevices(booking, node), cpusText(booking.cpus, booking.cpuQuota)]).map(
+            (part) => ` · ${part}`,
+          ),
+          " · ",
+          h("span", { class: `delivery ${booking.delivery}` }, booking.delivery),
+        ),
+      ),
+    ),
+  );
+}
+
+// --- what a booking holds (D3, D4) -----------------------------------------------------------
+
+// D3: exclusive CPUs are `pinned`; where vCPUs are overcommitted the booking has a share
+// (vcpu × 100 percent) of the CPUs near its GPUs.
+function cpusText(cpus, quota) {
+  if (!cpus && (quota === null || quota === undefined)) return null;
+  return quota === null || quota === undefined
+    ? `CPUs ${cpus} pinned`
+    : `CPUs ${cpus || "—"} share ${quota}%`;
+}
+
+function gib(bytes) {
+  return `${Number((bytes / 2 ** 30).toFixed(1))} GiB`;
+}
+
+// A node booking names its devices by UUID (and slots as `gpuIndex/slot`): shown by the node's
+// GPU indices, MIG instances with their profile from the node's inventory.
+function bookedDevices(booking, node) {
+  const index = new Map(node.gpus.map((gpu) => [gpu.uuid, gpu.index]));
+  const mig = new Map(
+    (node.inventory?.gpus ?? []).flatMap((gpu) =>
+      (gpu.migInstances ?? []).map((m) => [m.uuid, `MIG ${m.profile} on GPU ${gpu.index}`]),
+    ),
+  );
+  const parts = [
+    booking.gpus.length
+      ? `GPU ${booking.gpus.map((uuid) => index.get(uuid) ?? uuid).join(", ")}`
+      : null,
+    ...booking.migInstances.map((uuid) => mig.get(uuid) ?? `MIG ${uuid}`),
+    ...booking.slots.map((slot) => {
+      const [gpu, number] = slot.split("/");
+      return `slot ${number} on GPU ${gpu}`;
+    }),
+  ];
+  return present(parts).join(", ") || null;
+}
+
+// D4: a placed reservation's node, each GPU (index, device file, NUMA node, UUID), MIG instance
+// and slot, its CPUs, memory and the topology of its GPUs, one line each.
+function placementCell(placement) {
+  if (!placement) return h("td", { class: "placement" }, h("span", { class: "none" }, "—"));
+  const topology = placement.topology;
+  const links = present([
+    topology.nvlink === null ? null : topology.nvlink ? "NVLink" : "no NVLink",
+    topology.worstLevel ? `worst link ${topology.worstLevel}` : null,
+    topology.numaNodes.length ? `NUMA ${topology.numaNodes.join(",")}` : null,
+  ]);
+  const memory =
+    placement.memoryBytes === null
+      ? null
+      : `memory ${gib(placement.memoryBytes)}` +
+        (placement.memoryNodes ? ` from NUMA ${placement.memoryNodes}` : "");
+  const line = (kind, ...parts) => h("div", { class: kind }, ...parts);
+  return h(
+    "td",
+    { class: "placement" },
+    line("host", h("span", { title: placement.nodeId }, placement.hostname)),
+    placement.gpus.map((gpu) =>
+      line(
+        "device",
+        present([
+          `GPU ${gpu.index}`,
+          gpu.minorNumber === null ? null : `/dev/nvidia${gpu.minorNumber}`,
+          gpu.numaNode === null ? null : `NUMA ${gpu.numaNode}`,
+        ]).join(" · "),
+        " ",
+        h("code", { class: "uuid" }, gpu.uuid),
+      ),
+    ),
+    placement.migInstances.map((m) =>
+      line(
+        "device",
+        `MIG ${m.profile} on GPU ${m.gpuIndex} `,
+        h("code", { class: "uuid" }, m.uuid),
+      ),
+    ),
+    placement.slots.map((s) => line("device", `slot ${s.slot} on GPU ${s.gpuIndex}`)),
+    present([cpusText(placement.cpus, placement.cpuQuota), memory]).map((text) =>
+      line("resources", text),
+    ),
+    links.length ? line("topology", links.join(" · ")) : null,
+  );
+}
+
+// D6, D7: the host's delivery state, its reason (`gpu busy: pid 4242`) and since when.
+function deliveryCell(state, reason, at) {
+  if (!state) return h("td", { class: "delivery" }, h("span", { class: "none" }, "—"));
+  return h(
+    "td",
+    { class: `delivery ${state}`, title: at ? `since ${when(at)}` : null },
+    h("span", { class: "delivery-state" }, state),
+    reason ? h("div", { class: "reason" }, reason) : null,
+  );
+}
+
+function grid(columns, rows) {
+  return h(
+    "table",
+    { class: "grid" },
+    h(
+      "thead",
+      {},
+      h(
+        "tr",
+        {},
+        columns.map((column) => h("th", {}, column)),
+      ),
+    ),
+    h("tbody", {}, rows),
+  );
+}
+
+function renderReservations(reservations) {
   byId("reservations-count").textContent = `(${reservations.length})`;
-  const hosts = new Map(nodes.map((node) => [node.id, node.hostname]));
   const rows = [...reservations]
     .sort((a, b) => b.createdAt.localeCompare(a.createdAt))
     .map((r) =>
@@ -415,7 +577,6 @@ function renderReservations(reservations, nodes) {
         "tr",
         { dataset: { reservationId: r.id } },
         h("td", {}, idCode(r.id)),
-        h("td", {}, r.tenantId),
         h("td", {}, idCode(r.poolId)),
         h("td", { class: `state ${r.state}` }, r.state),
         h(
@@ -425,29 +586,57 @@ function renderReservations(reservations, nodes) {
             .map(([name, amount]) => `${name} ${amount}`)
             .join(", "),
         ),
-        h("td", {}, r.nodeId ? (hosts.get(r.nodeId) ?? idCode(r.nodeId)) : "—"),
+        placementCell(r.placement),
+        deliveryCell(r.delivery?.state, r.delivery?.reason, r.delivery?.at),
         h("td", {}, r.reason ?? ""),
         h("td", {}, when(r.createdAt)),
       ),
     );
-  const columns = ["id", "tenant", "pool", "state", "resources", "node", "reason", "created"];
+  const columns = [
+    "id",
+    "pool",
+    "state",
+    "resources",
+    "placement",
+    "delivery",
+    "reason",
+    "created",
+  ];
   byId("reservations").replaceChildren(
-    rows.length
-      ? h(
-          "table",
-          { class: "grid" },
-          h(
-            "thead",
-            {},
-            h(
-              "tr",
-              {},
-              columns.map((column) => h("th", {}, column)),
-            ),
-          ),
-          h("tbody", {}, rows),
-        )
-      : empty("None pending, placed or active."),
+    rows.length ? grid(columns, rows) : empty("None pending, placed or active."),
+  );
+}
+
+// D4: every live or releasing booking on the tenant's nodes, whoever's it is.
+function renderBookings(nodes) {
+  const bookings = nodes.flatMap((node) => (node.bookings ?? []).map((b) => [node, b]));
+  byId("bookings-count").textContent = `(${bookings.length})`;
+  const rows = bookings.map(([node, b]) =>
+    h(
+      "tr",
+      { dataset: { reservationId: b.reservationId } },
+      h("td", {}, idCode(b.reservationId)),
+      h("td", { class: "tenant" }, b.tenantId),
+      h("td", { class: "host", title: node.id }, node.hostname),
+      h("td", { class: `state ${b.state}` }, b.state),
+      h("td", {}, bookedDevices(b, node) ?? "—"),
+      h("td", {}, cpusText(b.cpus, b.cpuQuota) ?? "—"),
+      h("td", {}, b.memoryBytes === null ? "—" : gib(b.memoryBytes)),
+      deliveryCell(b.delivery),
+    ),
+  );
+  const columns = [
+    "reservation",
+    "tenant",
+    "node",
+    "state",
+    "devices",
+    "CPUs",
+    "memory",
+    "delivery",
+  ];
+  byId("bookings").replaceChildren(
+    rows.length ? grid(columns, rows) : empty("Nothing is booked on this tenant's nodes."),
   );
 }
 
