@@ -66,6 +66,8 @@ NOT_LOADED = 5  # systemctl stop's exit status for a unit systemd does not know:
 REASON_LENGTH = 500  # BookingReport.reason's limit
 RELOAD = ("systemctl", "daemon-reload")
 RESERVATION_ID = re.compile(rf"res_{ID_BODY}{{26,52}}")
+# A process's /proc/<pid>/cgroup line inside a reservation's slice names the reservation.
+SLICE_OF_CGROUP = re.compile(rf"/better-compute-(res_{ID_BODY}{{26,52}})\.slice(/|$)", re.M)
 
 ComputeProcesses = Callable[[], Mapping[str, Sequence[int]]]
 Entry = dict[str, Any]  # what the record keeps of one booking
@@ -322,7 +324,7 @@ class _Cycle:
             if booking.state == "live" and state in (None, "delivered"):
                 entry = self.deliver(booking, entry, record)
             elif entry is None or not (booking.state == "live" and state == "failed"):
-                entry = self.release(booking, entry)
+                entry = self.release(booking, entry, record)
             # else reported failed: the control plane ends it (D6), never delivered late
             record[rid] = outcomes[rid] = entry
         for rid in [rid for rid in record if rid not in self.spec]:
@@ -404,7 +406,16 @@ class _Cycle:
         pids = sorted({pid for pids in busy.values() for pid in pids})
         return _reason("gpu busy: pid", pids, "on", list(busy))
 
-    def release(self, booking: Booking, entry: Entry | None) -> Entry:
+    def owner(self, pid: int) -> str | None:
+        """The reservation whose slice the process runs in (its cgroup), if the host says."""
+        try:
+            cgroup = self.fx.on_host(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return None
+        found = SLICE_OF_CGROUP.search(cgroup)
+        return found[1] if found else None
+
+    def release(self, booking: Booking, entry: Entry | None, record: Mapping[str, Entry]) -> Entry:
         if entry is not None and entry["state"] == "released":
             return entry
         if entry is None or "since" not in entry:  # the first attempt: the timeout counts from it
@@ -416,7 +427,30 @@ class _Cycle:
         except (OSError, CommandFailed) as exc:
             return self.waited(entry, error_text(exc))
         found = self.processes()
-        left = {d: found[d] for d in entry["devices"] if found.get(d)}
+        rid = booking.reservation_id
+        # A slot's GPU is shared with other live bookings: a process there is this booking's
+        # only when its cgroup says so; on a device of its own, any process is.
+        shared = {
+            device
+            for other, held in record.items()
+            if other in self.live and other != rid and held["state"] == "delivered"
+            for device in held["devices"]
+        }
+        unknown = [d for d in entry["devices"] if d not in found]
+        if unknown:  # NVML cannot say what runs there: not released on no evidence (D7)
+            reason = f"cannot list compute processes on {', '.join(unknown)}"
+            return self.waited(entry, reason[:REASON_LENGTH])
+        left = {
+            d: mine
+            for d in entry["devices"]
+            if (
+                mine := [
+                    p
+                    for p in found[d]
+                    if self.owner(p) == rid or (d not in shared and self.owner(p) is None)
+                ]
+            )
+        }
         if not left:
             return {"state": "released", "devices": entry["devices"]}
         pids = sorted({pid for pids in left.values() for pid in pids})

@@ -9,10 +9,18 @@ from typing import Annotated, Literal
 
 from msgspec import Meta, Struct
 
+from shared.validation import whole
+
 Count = Annotated[int, Meta(ge=0)]
 Text = Annotated[str, Meta(max_length=256)]
-# A Linux cpulist ("0-55,112-167"), as sysfs and NVML's CPU affinity give it (shared/cpulist.py).
-CpuList = Annotated[str, Meta(max_length=8192, pattern=r"^[0-9,-]*$")]
+# A Linux cpulist ("0-55,112-167"), as sysfs and NVML's CPU affinity give it (shared/cpulist.py):
+# numbers below 10,000, so no list a host sends stands for more CPUs than a host has.
+CpuList = Annotated[
+    str,
+    Meta(
+        max_length=8192, pattern=whole(r"^([0-9]{1,4}(-[0-9]{1,4})?(,[0-9]{1,4}(-[0-9]{1,4})?)*)?$")
+    ),
+]
 LinkLevel = Literal["internal", "single", "multiple", "hostbridge", "node", "system"]
 
 

@@ -75,9 +75,14 @@ class Host:
     def __init__(self, tmp_path: Path, served: dict[str, Any], inventory: Inventory = H100) -> None:
         self.root = tmp_path / "root"
         self.state_dir = tmp_path / "state"
-        self.processes: dict[str, list[int]] = {}
         self.now = 1000.0
         self.inventory = inventory
+        # NVML's word on every device: none runs a process (a device left out: it cannot say)
+        self.processes: dict[str, list[int]] = {
+            device: []
+            for gpu in inventory.gpus
+            for device in (gpu.uuid, *(m.uuid for m in gpu.mig_instances))
+        }
         self.client = ControlPlane(served)
         self.state = State(self.state_dir)
         self.state.save_credential(NodeCredential("node_x", "bcn_x", "pool_x", "http://x"))
@@ -380,7 +385,7 @@ def test_a_release_of_a_booking_whose_record_was_lost_still_removes_its_files(
     assert host.cycle() == [delivered()]
     assert len(list(host.state_dir.glob("bookings.json.damaged-*"))) == 1
     (host.state_dir / "bookings.json").unlink()
-    host.processes = {}
+    host.processes = {GPU0: []}
     host.serve(spec("s2", booking(gpus=[GPU0], state="release")))
     assert host.cycle()[0]["state"] == "released"
     assert not host.slice().exists() and not host.env().exists()
@@ -489,3 +494,38 @@ def test_a_booking_struct_round_trips_as_the_spec_carries_it() -> None:
     """D5: the agent reads bookings in the wire form the control plane serves (camelCase)."""
     [read] = bookings_of(spec("s1", booking(gpus=[GPU0], cpuQuota=200, memoryNodes="0")))
     assert read == Booking(reservation_id=RES_A, gpus=[GPU0], cpu_quota=200, memory_nodes="0")
+
+
+def test_d7_a_release_waits_while_nvml_cannot_list_the_gpus_processes(tmp_path: Path) -> None:
+    """D7: a release is confirmed only on NVML's word: a GPU whose processes cannot be listed
+    (NoPermission, a lost GPU) keeps the booking releasing, then release-blocked saying so."""
+    host = Host(tmp_path, spec("s1", booking(gpus=[GPU0])))
+    host.cycle()
+    host.processes = {}
+    host.serve(spec("s2", booking(gpus=[GPU0], state="release")))
+    assert host.cycle() == []  # releasing: not reported before the timeout
+    host.now += 11
+    (blocked,) = host.cycle()
+    assert blocked["state"] == "release-blocked"
+    assert blocked["reason"] == f"cannot list compute processes on {GPU0}"
+    host.processes = {GPU0: []}
+    assert host.cycle()[0]["state"] == "released"
+
+
+def test_d7_a_slot_release_waits_only_for_its_own_processes(tmp_path: Path) -> None:
+    """D7, D8: two slot bookings share a GPU; the one ending waits for a process its own
+    slice holds (its cgroup says so), not for the other booking's, which runs on."""
+    a, b = booking(gpus=[GPU0]), booking(RES_B, gpus=[GPU0])
+    host = Host(tmp_path, spec("s1", a, b))
+    host.cycle()
+    for pid, rid in ((4242, RES_B), (77, RES_A)):
+        cgroup = host.root / f"proc/{pid}/cgroup"
+        cgroup.parent.mkdir(parents=True)
+        cgroup.write_text(f"0::/better-compute.slice/better-compute-{rid}.slice/job.service\n")
+    host.processes = {GPU0: [77, 4242]}
+    host.serve(spec("s2", booking(gpus=[GPU0], state="release"), b))
+    assert [r["state"] for r in host.cycle()] == ["delivered"]  # releasing, not yet reported
+    host.now += 11
+    assert [r["state"] for r in host.cycle()] == ["release-blocked", "delivered"]
+    host.processes = {GPU0: [4242]}  # its own process is gone; the other booking's runs on
+    assert [r["state"] for r in host.cycle()] == ["released", "delivered"]

@@ -5,6 +5,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from controlplane.capacity.liveness import Liveness
@@ -14,6 +15,7 @@ from tests.conftest import Api, execute, snapshot
 from tests.nodes import (
     DGX_POLICY,
     host_confirms,
+    join,
     joined,
     one_pass,
     pool_with_token,
@@ -588,3 +590,81 @@ async def test_d2_the_placement_policy_is_validated(
     assert status == 400, answer
     assert answer["error"]["code"] == "INVALID_INPUT"
     assert answer["error"]["details"]["field"].startswith(field), answer
+
+
+async def test_d5_a_booking_placed_before_the_placer_recorded_it_reaches_the_nodespec(
+    api: Api, db: Path
+) -> None:
+    """D5, D7 across an upgrade: a booking with no recorded placement and a node whose bookings
+    were never written (what migration 12 leaves of an older database) reaches the node's spec
+    at the next pass, from the atoms it holds; ended, the host releases it and its GPUs
+    return."""
+    pool, token = await pool_with_token(api, ownerQuota={"gpu": 8})
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
+    placed = await reserve(api, pool, {"gpu": 2})
+    execute(
+        db,
+        "UPDATE reservations SET placement = NULL, delivery_state = 'delivered', state = 'active'",
+    )
+    execute(db, "UPDATE nodes SET bookings = NULL, rows_pool_version = -1")
+    one_pass(db)
+    spec = await host_confirms(api, node, inventory)
+    (booking,) = spec["bookings"]
+    held = {u for (u,) in execute(db, "SELECT gpu_uuid FROM node_devices WHERE allocated = 1")}
+    assert (booking["reservationId"], set(booking["gpus"])) == (placed["id"], held)
+    await api.ok("compute/reservations/end", {"tenantId": "root", "reservationId": placed["id"]})
+    await host_confirms(api, node, inventory)
+    assert execute(db, "SELECT count(*) FROM node_devices WHERE allocated = 1") == [(0,)]
+
+
+async def test_d2_strict_places_no_set_on_a_host_without_topology_facts(api: Api, db: Path) -> None:
+    """D2 strict: a host that gave no topology facts (an older agent) cannot show a set is
+    NVLink-joined or on one NUMA node: nothing of two GPUs or more is placed there."""
+    pool, token = await pool_with_token(
+        api, policy={"placement": {"topology": "strict"}}, ownerQuota={"gpu": 8}
+    )
+    await joined(api, token, recorded("dgx-h100-01"))
+    execute(db, "UPDATE nodes SET topology = NULL")
+    two = await reserve(api, pool, {"gpu": 2})
+    assert (two["state"], two["reason"]) == ("pending", "no node fits its topology")
+    assert (await reserve(api, pool, {"gpu": 1}))["state"] == "placed"
+
+
+async def test_d1_a_cpulist_that_is_not_one_is_refused_and_a_backwards_one_harms_nothing(
+    api: Api, db: Path
+) -> None:
+    """D1: an inventory whose cpulist is not one (or names CPUs no host has) is INVALID_INPUT
+    naming the field; one written backwards ("5-3") is stored, and the placer reads that
+    host as one that gave no topology facts instead of failing every request."""
+    pool, token = await pool_with_token(api, ownerQuota={"gpu": 8})
+    dgx = recorded("dgx-h100-01")
+    for bad in ("0-99999", "1,,2", "a"):
+        cpu = msgspec.structs.replace(dgx.cpu, thread_siblings=[bad])
+        status, answer = await join(api, token, msgspec.structs.replace(dgx, cpu=cpu))
+        assert status == 400 and answer["error"]["details"]["field"].startswith(
+            "inventory.cpu.threadSiblings"
+        ), answer
+    backwards = msgspec.structs.replace(
+        dgx.cpu, thread_siblings=["5-3", *dgx.cpu.thread_siblings[1:]]
+    )
+    await joined(api, token, msgspec.structs.replace(dgx, cpu=backwards))
+    assert (await reserve(api, pool, {"gpu": 2}))["state"] == "placed"
+
+
+async def test_h3_d7_a_drain_at_a_deadline_of_0_answers_draining_while_ended_bookings_release(
+    api: Api, db: Path
+) -> None:
+    """H3, D7: draining with deadline 0 ends what is live at once; the answer says draining
+    (as stored) until the host releases what ended, then the drain is drained."""
+    pool, token = await pool_with_token(api, ownerQuota={"gpu": 8})
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory)
+    await reserve(api, pool, {"gpu": 2})
+    at = {"tenantId": "root", "nodeId": node["nodeId"]}
+    view = await api.ok("compute/nodes/drain", {**at, "reason": "now", "deadlineSeconds": 0})
+    assert view["drain"]["state"] == "draining"
+    assert execute(db, "SELECT drain_state FROM nodes") == [("draining",)]
+    await host_confirms(api, node, inventory)
+    one_pass(db)
+    assert (await api.ok("compute/nodes/get", at))["drain"]["state"] == "drained"

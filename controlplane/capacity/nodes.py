@@ -19,12 +19,14 @@ from typing import Any, TypeVar
 
 import structlog
 
+from controlplane.capacity import delivery
 from controlplane.capacity.rows import write_atoms, write_resources
 from controlplane.capacity.spec import respecify
 from controlplane.capacity.states import quarantine_unreconcilable, readmit
 from controlplane.storage import nodes as node_sql
 from controlplane.storage.db import savepoint
 from controlplane.storage.node_types import ReconcileRow
+from controlplane.storage.nodes import STALE
 from controlplane.storage.sql import Database
 from shared.policy import parse_policy
 
@@ -63,6 +65,8 @@ class Reconciled:
 def reconcile_node(db: Database, row: ReconcileRow) -> Reconciled:
     """Bring one node's spec, state, rows and atoms to what its inventory and pool imply."""
     node, pool = row.node, row.pool
+    if node.rows_pool_version == STALE:  # its bookings moved, or an upgrade left them unwritten
+        node = node.updated(delivery.refresh_bookings(db, node.id, node))
     policy = parse_policy(pool.policy)
     inventory = node.inventory
     fields: dict[str, Any] = {}

@@ -173,7 +173,9 @@ def _fit_on(
             pinned, cpus = found, cpulist.format(found)
         else:
             quota = vcpu * 100
-            cpus = cpulist.format(topo_of.affine_cpus(topo, gpu_numa, reserved))
+            # A share runs beside pinned bookings (the ratio may have moved), not on their CPUs.
+            taken = res_sql.pinned_cpus(db, candidate.node_id) | reserved
+            cpus = cpulist.format(topo_of.affine_cpus(topo, gpu_numa, taken))
     memory = rows_asked.get("memoryGiB")
     memory_nodes = cpulist.format(topo.numa_of_cpus(pinned)) if pinned and topo.cpu_numa else None
     numa = gpu_numa or (topo.numa_of_cpus(pinned) if pinned else ())

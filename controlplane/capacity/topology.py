@@ -120,7 +120,9 @@ class Topology:
             worst = max(worst, found.level if found else len(LEVELS) - 1)
             nvlink = nvlink and bool(found and found.nvlink)
         numa = {self.gpus[i].numa for i in indices if self.gpus[i].numa is not None}
-        return SetRank(not nvlink, worst, max(1, len(numa)))
+        # A GPU whose NUMA node is unknown counts as one more node: never "on one node".
+        unknown = sum(1 for i in indices if self.gpus[i].numa is None)
+        return SetRank(not nvlink, worst, max(1, len(numa) + unknown))
 
     def choice(self, indices: Sequence[int]) -> GpuChoice:
         ordered = tuple(sorted(indices))
@@ -142,10 +144,15 @@ class Topology:
 def parse(text: str | None, logical_cpus: int = 0) -> Topology:
     """The node's topology from its column; a host without the facts (an older agent) has
     its GPUs unranked and each CPU its own core on no known NUMA node."""
-    facts = msgspec.json.decode(text, type=TopologyFacts) if text else TopologyFacts()
+    try:
+        facts = msgspec.json.decode(text, type=TopologyFacts) if text else TopologyFacts()
+        numa_cpus = {n.id: tuple(cpulist.parse(n.cpus)) for n in facts.numa}
+        cores = tuple(tuple(cpulist.parse(c)) for c in facts.cores)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+        # Facts that do not read (a range written backwards): the host's as if it gave none.
+        facts, numa_cpus, cores = TopologyFacts(), {}, ()
     count = facts.cpus or logical_cpus
-    numa_cpus = {n.id: tuple(cpulist.parse(n.cpus)) for n in facts.numa}
-    cores = tuple(tuple(cpulist.parse(c)) for c in facts.cores) or tuple((c,) for c in range(count))
+    cores = cores or tuple((c,) for c in range(count))
     return Topology(
         gpus={g.index: g for g in facts.gpus},
         by_uuid={g.uuid: g for g in facts.gpus},
@@ -178,8 +185,10 @@ def _choose(topo: Topology, free: list[int], count: int, mode: Mode) -> GpuChoic
     if count <= 0 or len(free) < count:
         return None
     known = [i for i in free if i in topo.gpus]
-    if mode == "none" or len(known) < len(free):
-        return topo.choice(free[:count]) if known == free else _unranked(free[:count])
+    if len(known) < len(free):  # a host without the facts: first fit, and strict takes none
+        return None if mode == "strict" and count > 1 else _unranked(free[:count])
+    if mode == "none":
+        return topo.choice(free[:count])
     if math.comb(len(free), count) <= EXHAUSTIVE:
         candidates: Iterable[Sequence[int]] = itertools.combinations(free, count)
     else:
@@ -207,11 +216,11 @@ def _grown(topo: Topology, free: list[int], count: int) -> Iterable[list[int]]:
 
 
 def _unranked(indices: Sequence[int]) -> GpuChoice:
-    """A set on a host that gave no topology facts for some of its GPUs."""
+    """A set on a host that gave no topology facts for some of its GPUs: ranked as the worst."""
     pairs = len(indices) > 1
     return GpuChoice(
         tuple(indices),
-        SetRank(True, len(LEVELS) - 1, 1),
+        SetRank(pairs, len(LEVELS) - 1 if pairs else 0, len(indices)),
         None if not pairs else False,
         None if not pairs else LEVELS[-1],
         (),
@@ -283,9 +292,9 @@ def pin_cpus(
 
 
 def affine_cpus(
-    topo: Topology, numa_nodes: Collection[int], reserved: Collection[int]
+    topo: Topology, numa_nodes: Collection[int], unavailable: Collection[int]
 ) -> list[int]:
     """D3 shared vCPUs: the CPUs of the GPUs' NUMA nodes (every CPU when none is known),
-    outside the host's reserved cores: where the share runs, not held exclusively."""
+    outside the host's reserved cores and pinned CPUs: where the share runs, not held."""
     pool = [c for n in numa_nodes for c in topo.numa_cpus.get(n, ())] or list(topo.cpus)
-    return sorted(set(pool) - set(reserved))
+    return sorted(set(pool) - set(unavailable))

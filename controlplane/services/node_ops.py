@@ -103,7 +103,10 @@ async def drain(store: Store, call: Call[NodesDrain]) -> NodeView:
             node_sql.update_node(db, node.id, fields)
             node_event(db, "draining", node, req.tenant_id, reason=req.reason, deadline=deadline)
             if progress_drain(db, node.updated(fields), req.tenant_id):
-                fields.update(drain_state="drained")
+                # drained, or what was live ended at a deadline of 0 and is releasing (D7)
+                stored = node_sql.get_node(db, node.id)
+                assert stored is not None
+                fields.update(drain_state=stored.drain_state)
         return _written(db, liveness, node, fields)
 
     return await store.write(txn)

@@ -310,7 +310,7 @@ def delivery_schema(dialect: Dialect) -> str:
     ALTER TABLE reservations ADD COLUMN delivery_state TEXT;
     ALTER TABLE reservations ADD COLUMN delivery_reason TEXT;
     ALTER TABLE reservations ADD COLUMN delivery_at TEXT;
-    UPDATE reservations SET delivery_state = 'pending', delivery_at = placed_at
+    UPDATE reservations SET delivery_state = 'pending', delivery_at = {now}
         WHERE state = 'placed';
     UPDATE reservations SET delivery_state = 'delivered', delivery_at = updated_at
         WHERE state = 'active';
@@ -331,7 +331,17 @@ def delivery_schema(dialect: Dialect) -> str:
         PRIMARY KEY (node_id, cpu)
     ) WITHOUT ROWID;
     CREATE INDEX node_cpus_reservation ON node_cpus(reservation_id);
+    UPDATE nodes SET rows_pool_version = -1 WHERE id IN
+        (SELECT node_id FROM reservations WHERE state IN ('placed', 'active'));
     """
+    # What was placed before has until deliverWithinSeconds from the upgrade to be delivered;
+    # its node's bookings reach its NodeSpec at the first pass (a stale node's reconcile).
+    script = script.replace(
+        "{now}",
+        "to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+        if dialect.name == "postgresql"
+        else "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+    )
     if dialect.name == "postgresql":
         return dialect.ddl(script) + (
             "\nCREATE TRIGGER node_cpus_written AFTER INSERT OR UPDATE OR DELETE ON node_cpus "

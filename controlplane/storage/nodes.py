@@ -216,11 +216,15 @@ def count_free_atoms(db: Database, node_ids: Iterable[str]) -> None:
     )
 
 
+STALE = -1  # rows_pool_version of a node the next pass reconciles whatever moved
+
+
 def mark_stale(db: Database, node_ids: Iterable[str]) -> None:
     """The node is reconciled (and its spec rendered) again at the next pass: its bookings
     moved, which a MIG layout (U3) and drain-gated units (H4) depend on."""
     db.executemany(
-        "UPDATE nodes SET rows_pool_version = -1 WHERE id = ?", [(node_id,) for node_id in node_ids]
+        f"UPDATE nodes SET rows_pool_version = {STALE} WHERE id = ?",
+        [(node_id,) for node_id in node_ids],
     )
 
 

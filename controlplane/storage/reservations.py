@@ -104,10 +104,11 @@ def packed_candidates(
     (pool, free_atoms, id) streams them."""
     found = db.execute(
         f"SELECT {CANDIDATE_COLUMNS} FROM nodes n WHERE n.pool_id = ? AND n.removed_at IS NULL "
-        "AND n.free_atoms >= ? AND (n.free_atoms > ? OR (n.free_atoms = ? AND n.id > ?)) AND "
+        # a row comparison: PostgreSQL walks the index from the cursor on, not from ``count``
+        "AND n.free_atoms >= ? AND (n.free_atoms, n.id) > (?, ?) AND "
         + SCHEDULABLE
         + " ORDER BY n.free_atoms, n.id LIMIT ?",
-        [pool_id, count, after[0], after[0], after[1], limit],
+        [pool_id, count, after[0], after[1], limit],
     )
     return [Candidate(*row) for row in found]
 

@@ -198,9 +198,9 @@ class NvmlSession:
         """D5, D7: each GPU's and MIG instance's UUID → the sorted pids NVML lists on it.
 
         ``nvmlDeviceGetComputeRunningProcesses`` on every GPU handle and on each MIG
-        device handle. A device whose call fails (NoPermission, NotSupported, lost) maps
-        to [] and the failure is logged once, at debug; an unreachable GPU is keyed as
-        the inventory reports it. A GPU hidden from this process is left out, as it is
+        device handle. A device whose call fails (NoPermission, NotSupported, lost) is left
+        out, as one NVML cannot say anything of (a release waits on it, D7), and the failure
+        is logged once, at debug. A GPU hidden from this process is left out too, as it is
         from the inventory; without NVML the map is empty.
         """
         nvml = self.nvml
@@ -218,25 +218,26 @@ class NvmlSession:
                 uuid = text(nvml.nvmlDeviceGetUUID(handle))
             except (nvml.NVMLError_GpuIsLost, nvml.NVMLError_ResetRequired) as exc:
                 seen = self._seen.get(index)
-                uuid = seen.uuid if seen is not None else _lost_uuid(index)
-                self._process_failure(uuid, exc)
-                found[uuid] = []
+                self._process_failure(seen.uuid if seen is not None else _lost_uuid(index), exc)
                 continue
             except nvml.NVMLError:  # hidden from this process: collect() says so
                 continue
-            found[uuid] = self._pids(uuid, handle)
+            pids = self._pids(uuid, handle)
+            if pids is not None:
+                found[uuid] = pids
             try:
                 mode = optional(nvml, nvml.nvmlDeviceGetMigMode, handle)
                 if mode is not None and mode[0] == nvml.NVML_DEVICE_MIG_ENABLE:
                     for _, mig in facts.mig_devices(nvml, handle):
                         mig_uuid = text(nvml.nvmlDeviceGetUUID(mig))
-                        found[mig_uuid] = self._pids(mig_uuid, mig)
+                        if (mig_pids := self._pids(mig_uuid, mig)) is not None:
+                            found[mig_uuid] = mig_pids
             except nvml.NVMLError as exc:  # lost, or its MIG devices changed meanwhile
                 self._process_failure(uuid, exc)
         return found
 
-    def _pids(self, uuid: str, handle: object) -> list[int]:
-        """The distinct pids NVML lists on one device, sorted; [] when it cannot say."""
+    def _pids(self, uuid: str, handle: object) -> list[int] | None:
+        """The distinct pids NVML lists on one device, sorted; None when it cannot say."""
         nvml = self.nvml
         # 13.x's unversioned wrapper raises NVMLLibraryMismatchError (no NVMLError) on a
         # driver without the versioned call.
@@ -246,7 +247,7 @@ class NvmlSession:
             processes = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
         except errors as exc:
             self._process_failure(uuid, exc)
-            return []
+            return None
         return sorted({int(process.pid) for process in processes})
 
     def _process_failure(self, device: str, exc: Exception) -> None:
