@@ -90,6 +90,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/liveness.py --postgres
 	$(BIN)/python bench/agent_footprint.py
 	$(BIN)/python bench/reservations.py
+	$(BIN)/python bench/packing.py
 	$(BIN)/python bench/durability.py
 	$(BIN)/python bench/crash.py
 	$(BIN)/python bench/backends.py

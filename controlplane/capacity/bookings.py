@@ -177,7 +177,7 @@ def _book(db: Database, row: ReservationRow, pool: PoolRow, fit: placer.Fit) -> 
         if booked != len(fit.atoms):  # the candidate read said they were free in this txn
             raise RuntimeError(f"booked {booked} of {len(fit.atoms)} {fit.atom} atoms on {node_id}")
         res_sql.insert_booking(db, row.id, node_id, fit.atom, len(fit.atoms))
-        node_sql.count_free_atoms(db, [node_id])
+        node_sql.take_free_atoms(db, node_id, len(fit.atoms))
         if pool.sharing != "exclusive":  # the spec lists booked GPUs (U3, H4): render anew
             node_sql.mark_stale(db, [node_id])
     if fit.pinned:

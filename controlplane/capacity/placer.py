@@ -28,6 +28,7 @@ from shared.schemas.reservations import (
 ATOMS = {"exclusive": "gpu", "mig": "gpu.mig", "timeslice": "gpu.slot", "mps": "gpu.slot"}
 GPU_RESOURCES = ("gpu", "gpu.mig", "gpu.slot")
 PAGE = 32
+CHUNK = 4  # candidates weighed at a time: often the first few hold the best rank
 GIB = 1 << 30
 NO_TOPOLOGY_FIT = "no node fits its topology"
 
@@ -42,7 +43,6 @@ class Fit:
     pinned: list[int]  # exclusive CPUs
     rows: dict[str, int]
     placement: Placement
-    rank: tuple[tuple[bool, int, int], int, str]
 
 
 def mode_of(pool: PoolRow) -> str:
@@ -57,16 +57,42 @@ def reserve_of(pool: PoolRow) -> int:
     return 0 if policy is None or policy.hostReserve is UNSET else policy.hostReserve.vcpu
 
 
+@dataclass(frozen=True)
+class Devices:
+    """What one node offers the reservation's GPUs (cheap to weigh: no CPU work yet)."""
+
+    atoms: list[str]
+    gpus: list[PlacedGpu]
+    migs: list[PlacedMig]
+    slots: list[PlacedSlot]
+    set_rank: tuple[bool, int, int]
+    nvlink: bool | None
+    worst: str | None
+    gpu_numa: tuple[int, ...]
+
+
+NO_DEVICES = Devices([], [], [], [], (False, 0, 0), None, None, ())
+
+
+Weighed = tuple[tuple[tuple[bool, int, int], int, str], int, Devices]
+BEST_RANK = (False, 0, 1)  # one GPU, or atoms on one NUMA node: no set ranks better
+
+
 def find(db: Database, row: ReservationRow, pool: PoolRow) -> Fit | str | None:
     """The best fit for the reservation, None when nothing fits yet, or ``NO_TOPOLOGY_FIT``
-    when nodes had the room but ``strict`` took none of them."""
+    when nodes had the room but ``strict`` took none of them.
+
+    Candidates are weighed by their GPUs alone, a few at a time in bin-packing order (the
+    choice is remembered per host shape, capacity/topology.py), until one ranks as well as
+    the hosts seen can rank at all; only the best-ranked are given their CPUs and memory,
+    until one fits."""
     resources = row.resources
     atom = ATOMS[pool.sharing]
     wanted = resources.get(atom, 0)
     rows_asked = {r: a for r, a in resources.items() if r not in GPU_RESOURCES}
     mode = mode_of(pool)
     first_fit = mode == "none"
-    topology_missed = False
+    missed = [False]  # strict refused a node that had the room
     after_packed: tuple[int, str] = (-1, "")
     after_id = ""
     while True:  # pages of candidates, until one fits or the pool has no more
@@ -75,130 +101,200 @@ def find(db: Database, row: ReservationRow, pool: PoolRow) -> Fit | str | None:
         else:
             page = res_sql.packed_candidates(db, pool.id, wanted, after_packed, PAGE)
         if not page:
-            return NO_TOPOLOGY_FIT if topology_missed else None
-        ids = [c.node_id for c in page]
-        free = res_sql.free_atoms_of(db, ids, atom, row.mig_profile) if wanted else {}
-        room = res_sql.free_rows_of(db, ids) if rows_asked else {}
-        best: Fit | None = None
-        for candidate in page:
-            if any(room.get(candidate.node_id, {}).get(r, 0) < a for r, a in rows_asked.items()):
-                continue
-            fit = _fit_on(
-                db, candidate, pool, mode, atom, wanted, row.mig_profile, free, rows_asked
-            )
-            if isinstance(fit, str):
-                topology_missed = True
-                continue
-            if fit is None:
-                continue
-            if first_fit:
-                return fit
-            if best is None or fit.rank < best.rank:
-                best = fit
-        if best is not None:
-            return best
+            return NO_TOPOLOGY_FIT if missed[0] else None
+        weighed: list[Weighed] = []
+        bound: tuple[bool, int, int] | None = None  # the best rank the hosts seen could give
+        for start in range(0, len(page), CHUNK):
+            chunk = page[start : start + CHUNK]
+            for candidate, devices, best in _weigh(db, chunk, row, mode, atom, wanted, missed):
+                weighed.append(
+                    (
+                        (devices.set_rank, candidate.free_atoms, candidate.node_id),
+                        start + chunk.index(candidate),
+                        devices,
+                    )
+                )
+                bound = best if bound is None else min(bound, best)
+            if weighed and (first_fit or min(w[0][0] for w in weighed) <= (bound or BEST_RANK)):
+                fit = _first_complete(db, page, pool, mode, atom, weighed, rows_asked, missed)
+                if fit is not None:
+                    return fit
+        fit = _first_complete(db, page, pool, mode, atom, weighed, rows_asked, missed)
+        if fit is not None:
+            return fit
         after_packed = (page[-1].free_atoms, page[-1].node_id)
         after_id = page[-1].node_id
 
 
-def _fit_on(
+def _weigh(
     db: Database,
-    candidate: res_sql.Candidate,
+    chunk: list[res_sql.Candidate],
+    row: ReservationRow,
+    mode: str,
+    atom: str,
+    wanted: int,
+    missed: list[bool],
+) -> list[tuple[res_sql.Candidate, Devices, tuple[bool, int, int]]]:
+    """The chunk's candidates with room for the rows asked, each with its devices and the
+    best rank its host could give with every GPU free."""
+    rows_asked = {r: a for r, a in row.resources.items() if r not in GPU_RESOURCES}
+    ids = [c.node_id for c in chunk]
+    free = res_sql.free_atoms_of(db, ids, atom, row.mig_profile) if wanted else {}
+    room = res_sql.free_rows_of(db, ids) if rows_asked else {}
+    found = []
+    for candidate in chunk:
+        if any(room.get(candidate.node_id, {}).get(r, 0) < a for r, a in rows_asked.items()):
+            continue
+        if not wanted:
+            found.append((candidate, NO_DEVICES, NO_DEVICES.set_rank))
+            continue
+        topo = topo_of.parse(candidate.topology, candidate.logical_cpus)
+        devices = _devices_on(topo, candidate, mode, atom, wanted, row.mig_profile, free)
+        if isinstance(devices, str):
+            missed[0] = True
+        elif devices is not None:
+            found.append((candidate, devices, _best_possible(topo, atom, wanted, mode)))
+    return found
+
+
+def _best_possible(
+    topo: topo_of.Topology, atom: str, wanted: int, mode: str
+) -> tuple[bool, int, int]:
+    if atom != "gpu" or wanted < 2:
+        return BEST_RANK
+    whole = topo_of.best_gpu_set(topo, list(topo.gpus), wanted, mode)
+    return whole.rank.key() if whole is not None else BEST_RANK
+
+
+def _first_complete(
+    db: Database,
+    page: list[res_sql.Candidate],
     pool: PoolRow,
+    mode: str,
+    atom: str,
+    weighed: list[Weighed],
+    rows_asked: dict[str, int],
+    missed: list[bool],
+) -> Fit | None:
+    """The first of the weighed candidates (by rank; by page order for first fit) whose CPUs
+    and memory fit; those tried are taken off the list."""
+    weighed.sort(key=lambda w: w[1] if mode == "none" else w[0])
+    while weighed:
+        _, n, devices = weighed.pop(0)
+        fit = _complete(db, page[n], pool, mode, atom, devices, rows_asked)
+        if isinstance(fit, str):
+            missed[0] = True
+        elif fit is not None:
+            return fit
+    return None
+
+
+def _devices_on(
+    topo: topo_of.Topology,
+    candidate: res_sql.Candidate,
     mode: str,
     atom: str,
     wanted: int,
     profile: str | None,
     free: dict[str, list[tuple[str, str]]],
+) -> Devices | str | None:
+    """The node's best GPU set (D2), or its MIG instances or slots packed; None when they do
+    not fit, ``NO_TOPOLOGY_FIT`` when only ``strict`` refused them."""
+    node_free = free.get(candidate.node_id, [])
+    if atom == "gpu":
+        known = topo.by_uuid
+        by_index = {
+            known[uuid].index if uuid in known else n: uuid for n, (_, uuid) in enumerate(node_free)
+        }
+        choice = topo_of.best_gpu_set(topo, list(by_index), wanted, mode)
+        if choice is None:
+            return NO_TOPOLOGY_FIT if mode == "strict" and len(by_index) >= wanted else None
+        return Devices(
+            atoms=[by_index[i] for i in choice.indices],
+            gpus=[_placed_gpu(topo, i, by_index[i]) for i in choice.indices],
+            migs=[],
+            slots=[],
+            set_rank=choice.rank.key(),
+            nvlink=choice.nvlink,
+            worst=choice.worst_level,
+            gpu_numa=choice.numa_nodes,
+        )
+    by_gpu: dict[str, list[str]] = {}
+    for device_id, uuid in node_free:
+        by_gpu.setdefault(uuid, []).append(device_id)
+    atoms = topo_of.pack(by_gpu, wanted)
+    if atoms is None:
+        return None
+    gpu_of = {device_id: uuid for device_id, uuid in node_free}
+    used = {gpu_of[a] for a in atoms}
+    gpu_numa = tuple(sorted({n for u in used if (n := _numa(topo, u)) is not None}))
+    migs = [
+        PlacedMig(uuid=a, profile=profile or "", gpu_index=_index(topo, gpu_of[a]))
+        for a in atoms
+        if atom == "gpu.mig"
+    ]
+    slots = [
+        PlacedSlot(gpu_index=_index(topo, gpu_of[a]), slot=int(a.rsplit("::", 1)[1]))
+        for a in atoms
+        if atom == "gpu.slot"
+    ]
+    return Devices(atoms, [], migs, slots, (False, 0, max(1, len(gpu_numa))), None, None, gpu_numa)
+
+
+def _complete(
+    db: Database,
+    candidate: res_sql.Candidate,
+    pool: PoolRow,
+    mode: str,
+    atom: str,
+    devices: Devices,
     rows_asked: dict[str, int],
 ) -> Fit | str | None:
-    """The booking on this node, None when it does not fit, ``NO_TOPOLOGY_FIT`` when only
-    ``strict`` refused it."""
+    """The booking on this node with its CPUs and memory (D3), None when they do not fit,
+    ``NO_TOPOLOGY_FIT`` when only ``strict`` refused them."""
     topo = topo_of.parse(candidate.topology, candidate.logical_cpus)
     strict = mode == "strict"
-    atoms: list[str] = []
-    gpus: list[PlacedGpu] = []
-    migs: list[PlacedMig] = []
-    slots: list[PlacedSlot] = []
-    set_rank = (False, 0, 0)
-    nvlink: bool | None = None
-    worst: str | None = None
-    gpu_numa: tuple[int, ...] = ()
-    if wanted:
-        node_free = free.get(candidate.node_id, [])
-        if atom == "gpu":
-            index_of = {uuid: g.index for uuid, g in topo.by_uuid.items() if g.index is not None}
-            by_index = {index_of.get(uuid, n): uuid for n, (_, uuid) in enumerate(node_free)}
-            choice = topo_of.best_gpu_set(topo, list(by_index), wanted, mode)
-            if choice is None:
-                return NO_TOPOLOGY_FIT if strict and len(by_index) >= wanted else None
-            atoms = [by_index[i] for i in choice.indices]
-            gpus = [_placed_gpu(topo, i, by_index[i]) for i in choice.indices]
-            set_rank, nvlink, worst = choice.rank.key(), choice.nvlink, choice.worst_level
-            gpu_numa = choice.numa_nodes
-        else:
-            by_gpu: dict[str, list[str]] = {}
-            for device_id, uuid in node_free:
-                by_gpu.setdefault(uuid, []).append(device_id)
-            packed = topo_of.pack(by_gpu, wanted)
-            if packed is None:
-                return None
-            atoms = packed
-            gpu_of = {device_id: uuid for device_id, uuid in node_free}
-            used = sorted({gpu_of[a] for a in atoms}, key=lambda u: _index(topo, u))
-            gpu_numa = tuple(sorted({n for u in used if (n := _numa(topo, u)) is not None}))
-            if atom == "gpu.mig":
-                migs = [
-                    PlacedMig(uuid=a, profile=profile or "", gpu_index=_index(topo, gpu_of[a]))
-                    for a in atoms
-                ]
-            else:
-                slots = [
-                    PlacedSlot(gpu_index=_index(topo, gpu_of[a]), slot=int(a.rsplit("::", 1)[1]))
-                    for a in atoms
-                ]
-            set_rank = (False, 0, max(1, len(gpu_numa)))
+    gpu_numa = devices.gpu_numa
     pinned: list[int] = []
     cpus: str | None = None
     quota: int | None = None
     vcpu = rows_asked.get("vcpu", 0)
-    reserved = topo_of.reserved_cpus(topo, reserve_of(pool))
     if vcpu:
-        ratio = res_sql.row_ratio(db, candidate.node_id, "vcpu")
-        if ratio == 1.0:
-            unavailable = res_sql.pinned_cpus(db, candidate.node_id) | reserved
+        reserved = topo_of.reserved_cpus(topo, reserve_of(pool))
+        unavailable = res_sql.pinned_cpus(db, candidate.node_id) | reserved
+        if res_sql.row_ratio(db, candidate.node_id, "vcpu") == 1.0:
             found = topo_of.pin_cpus(topo, vcpu, unavailable, gpu_numa, only_near=strict)
             if found is None:
                 return NO_TOPOLOGY_FIT if strict and gpu_numa else None
             pinned, cpus = found, cpulist.format(found)
         else:
-            quota = vcpu * 100
             # A share runs beside pinned bookings (the ratio may have moved), not on their CPUs.
-            taken = res_sql.pinned_cpus(db, candidate.node_id) | reserved
-            cpus = cpulist.format(topo_of.affine_cpus(topo, gpu_numa, taken))
+            quota = vcpu * 100
+            cpus = cpulist.format(topo_of.affine_cpus(topo, gpu_numa, unavailable))
     memory = rows_asked.get("memoryGiB")
     memory_nodes = cpulist.format(topo.numa_of_cpus(pinned)) if pinned and topo.cpu_numa else None
     numa = gpu_numa or (topo.numa_of_cpus(pinned) if pinned else ())
     placement = Placement(
         node_id=candidate.node_id,
         hostname=candidate.hostname,
-        gpus=gpus,
-        mig_instances=migs,
-        slots=slots,
+        gpus=devices.gpus,
+        mig_instances=devices.migs,
+        slots=devices.slots,
         cpus=cpus,
         cpu_quota=quota,
         memory_bytes=memory * GIB if memory else None,
         memory_nodes=memory_nodes,
-        topology=PlacedTopology(nvlink=nvlink, worst_level=worst, numa_nodes=list(numa)),
+        topology=PlacedTopology(
+            nvlink=devices.nvlink, worst_level=devices.worst, numa_nodes=list(numa)
+        ),
     )
     return Fit(
         node_id=candidate.node_id,
         atom=atom,
-        atoms=atoms,
+        atoms=devices.atoms,
         pinned=pinned,
         rows=rows_asked,
         placement=placement,
-        rank=(set_rank, candidate.free_atoms, candidate.node_id),
     )
 
 

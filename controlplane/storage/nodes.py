@@ -216,6 +216,11 @@ def count_free_atoms(db: Database, node_ids: Iterable[str]) -> None:
     )
 
 
+def take_free_atoms(db: Database, node_id: str, booked: int) -> None:
+    """``booked`` of the node's free, placeable atoms were just booked."""
+    db.execute("UPDATE nodes SET free_atoms = free_atoms - ? WHERE id = ?", [booked, node_id])
+
+
 STALE = -1  # rows_pool_version of a node the next pass reconciles whatever moved
 
 
