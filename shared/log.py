@@ -106,6 +106,18 @@ def configure_logging(
     )
 
 
+def reset_logging() -> None:
+    """Undo ``configure_logging``: structlog's defaults, the root logger's handler gone, the
+    request line through structlog again (a process, or a test run, that configured logging
+    for one command and goes on without it)."""
+    global _stdlib_handler, _request_line, _requests_logged, _processors, _renderer
+    if _stdlib_handler is not None:
+        logging.getLogger().removeHandler(_stdlib_handler)
+    _stdlib_handler, _request_line, _requests_logged = None, None, True
+    _processors, _renderer = [], None
+    structlog.reset_defaults()
+
+
 def _line_writer(binary: Any) -> Callable[[bytes], None]:
     """One ``write`` per line: straight to the file descriptor when the stream has one (no
     buffer in between to flush), else the stream's write and flush."""

@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestClient
 from controlplane.app import make_app
 from controlplane.config import Config
 from controlplane.storage.db import connect, is_postgres
+from shared.log import reset_logging
 from tests.daemons import Daemon
 from tests.postgres import PostgresServer, PostgresUnavailable
 
@@ -177,6 +178,15 @@ def execute(db_path: Path | str, sql: str, params: Sequence[Any] = ()) -> list[t
         return rows
     finally:
         conn.close()
+
+
+@pytest.fixture(autouse=True)
+def log_defaults() -> Iterator[None]:
+    """A test that runs a command as a daemon starts (its logging configured, loggers cached
+    on first use) leaves the next one structlog's defaults, so a logger first used later is
+    not bound to that configuration and ``capture_logs`` still sees it."""
+    yield
+    reset_logging()
 
 
 @pytest.fixture
