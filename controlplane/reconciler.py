@@ -149,7 +149,8 @@ async def run_reconciler(
                 await stamps.run(flush, stamps, liveness, lost_after / 3)
             except Exception:
                 log.exception("liveness flush failed")
-            if not leadership.holds():
+            # F2: its check is a database call, never on the event loop
+            if not await asyncio.to_thread(leadership.holds):
                 following = True
                 continue
             if following:  # B4: taking the lead waits a grace period, as a start does

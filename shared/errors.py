@@ -7,7 +7,8 @@
     ├── PermissionDenied    403 PERMISSION_DENIED
     ├── NotFound            404 NOT_FOUND
     ├── Conflict            409 CONFLICT
-    └── InvalidState        409 INVALID_STATE
+    ├── InvalidState        409 INVALID_STATE
+    └── Unavailable         503 UNAVAILABLE       (the database is away; Retry-After says when)
 
 Anything else that escapes a handler is a bug: 500 INTERNAL with no internals.
 """
@@ -59,6 +60,17 @@ class Conflict(ApiError):
 class InvalidState(ApiError):
     code = "INVALID_STATE"
     status = 409
+
+
+class Unavailable(ApiError):
+    """F1: the database cannot be reached now; ``retry_after`` seconds is when to try again."""
+
+    code = "UNAVAILABLE"
+    status = 503
+
+    def __init__(self, message: str, *, retry_after: int = 2, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.retry_after = retry_after
 
 
 def error_body(code: str, message: str, details: dict[str, Any], request_id: str) -> dict[str, Any]:

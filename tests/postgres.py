@@ -294,10 +294,26 @@ class PostgresServer:
         if self.as_root:
             os.chown(self.sockdir, self.uid, self.gid)
 
-    def _start_server(self) -> None:
+    def restart(self, mode: str = "fast", down_for: float = 0.0) -> None:
+        """``pg_ctl stop -m MODE`` (``fast`` ends sessions cleanly, ``immediate`` is a crash:
+        recovery from the WAL at start), ``down_for`` seconds away, then start again on the
+        same port, as an operator's restart or a failover back looks to its clients."""
+        pg_ctl = str(self.bindir / "pg_ctl")
+        if self._admin is not None:
+            with contextlib.suppress(Exception):
+                self._admin.close()
+            self._admin = None
+        self._check(
+            f"pg_ctl stop -m {mode}",
+            self._run([pg_ctl, "stop", "--wait", "-m", mode, "-D", str(self.datadir)], timeout=60),
+        )
+        time.sleep(down_for)
+        self._start_server(port=self.port)
+
+    def _start_server(self, port: int | None = None) -> None:
         last: PostgresUnavailable | None = None
         for _ in range(5):  # a free port can be taken between choosing it and binding it
-            self.port = free_port()
+            self.port = port or free_port()
             options = " ".join(
                 [f"-p {self.port}", f"-k {self.sockdir}"] + [f"-c {s}" for s in self.settings]
             )

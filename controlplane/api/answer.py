@@ -4,7 +4,7 @@ import msgspec
 from aiohttp import web
 
 from controlplane.api.screen import JSON
-from shared.errors import ApiError, error_body
+from shared.errors import ApiError, Unavailable, error_body
 
 JSON_HEADERS = {"Content-Type": JSON}
 
@@ -15,7 +15,10 @@ def json_response(body: object, status: int = 200) -> web.Response:
 
 def error_response(error: ApiError, request_id: str) -> web.Response:
     body = error_body(error.code, error.message, error.details, request_id)
-    return json_response(body, status=error.status)
+    response = json_response(body, status=error.status)
+    if isinstance(error, Unavailable):  # F1: when the caller should try again
+        response.headers["Retry-After"] = str(error.retry_after)
+    return response
 
 
 ENCODE_SLICE = 200  # a list's items encoded this many at a time

@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 import structlog
 
-from controlplane.storage.db import EVENTS_CHANNEL, Store
+from controlplane.storage.db import EVENTS_CHANNEL, Store, postgres_pool
 
 log = structlog.get_logger("controlplane.commits")
 
@@ -104,11 +105,17 @@ class CommitListener:
         self._thread.start()
 
     def _run(self, loop: asyncio.AbstractEventLoop) -> None:
-        import psycopg  # only a PostgreSQL control plane listens
+        # Its own pool of one (a LISTEN holds its session), checked on borrow like the store's.
+        pool = postgres_pool(self._location, self._store.durability, 1, self._store.db_timeout)
+        try:
+            self._listen(loop, pool)
+        finally:
+            pool.close()
 
+    def _listen(self, loop: asyncio.AbstractEventLoop, pool: Any) -> None:
         while not self._stop.is_set():
             try:
-                with psycopg.connect(self._location, autocommit=True) as conn:
+                with pool.connection() as conn:
                     conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                     while not self._stop.is_set():
                         for notice in conn.notifies(timeout=LISTEN_TIMEOUT_S):

@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from controlplane.config import Durability
 from controlplane.storage.migrations import EVERY_SCOPE, Scope, migrate
@@ -86,16 +86,59 @@ def is_postgres(location: str | Path) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
 
 
-def connect(location: str | Path, durability: Durability = "full") -> Database:
-    """A connection in autocommit mode (transactions are explicit) to a SQLite file or a
-    PostgreSQL URL (its password from PGPASSWORD or ~/.pgpass, never the command line)."""
-    if is_postgres(location):
-        import psycopg
+DB_TIMEOUT = 5.0  # seconds: the longest a request waits on the database in all (F1)
 
-        pg = psycopg.connect(str(location), autocommit=True)
+
+def connection_options(timeout: float) -> dict[str, Any]:
+    """F1: how every PostgreSQL connection reaches the server: a connect timeout, and TCP
+    keepalives with a user timeout, so a dead server or a cut network is noticed in seconds
+    (the kernel's default is about two hours), not left hanging."""
+    seconds = max(1, round(timeout))
+    return {
+        "autocommit": True,
+        "connect_timeout": seconds,
+        "keepalives": 1,
+        "keepalives_idle": seconds,
+        "keepalives_interval": 1,
+        "keepalives_count": 3,
+        "tcp_user_timeout": seconds * 1000,
+    }
+
+
+def postgres_pool(
+    location: str | Path, durability: Durability, size: int, timeout: float = DB_TIMEOUT
+) -> Any:
+    """A psycopg-pool pool of ``size`` connections, each checked on borrow (F1)."""
+    import psycopg_pool
+
+    def configure(conn: Any) -> None:
         if durability == "relaxed":
-            pg.execute("SET synchronous_commit = off")
-        return PostgresDatabase(pg)
+            conn.execute("SET synchronous_commit = off")
+
+    return psycopg_pool.ConnectionPool(
+        str(location),
+        min_size=0,
+        max_size=size,
+        kwargs=connection_options(timeout),
+        configure=configure,
+        check=psycopg_pool.ConnectionPool.check_connection,
+        timeout=timeout,
+        open=True,
+        name="better-compute",
+    )
+
+
+def connect(
+    location: str | Path,
+    durability: Durability = "full",
+    pool: Any = None,
+    timeout: float = DB_TIMEOUT,
+) -> Database:
+    """A connection in autocommit mode (transactions are explicit) to a SQLite file or a
+    PostgreSQL URL (its password from PGPASSWORD or ~/.pgpass, never the command line); on
+    PostgreSQL borrowed from ``pool`` (one of its own when none is given)."""
+    if is_postgres(location):
+        return PostgresDatabase(pool or postgres_pool(location, durability, 1, timeout), timeout)
     conn = sqlite3.connect(location, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[durability]}")
@@ -174,25 +217,31 @@ class Store:
         location: str | Path,
         durability: Durability = "full",
         reader_threads: int | None = None,
+        db_timeout: float = DB_TIMEOUT,
     ) -> None:
         self.location = location
         self.durability = durability
         self.postgres = is_postgres(location)
         self.path = Path(location)  # the SQLite file (meaningless for PostgreSQL)
+        self.db_timeout = db_timeout
+        threads = reader_threads or READER_THREADS["postgresql" if self.postgres else "sqlite"]
+        # F1: one pool for every connection of this store: the writer, the loop's reader,
+        # each reader thread's, each short reader's.
+        self._pool = (
+            postgres_pool(location, durability, threads + SHORT_READER_THREADS + 2, db_timeout)
+            if self.postgres
+            else None
+        )
         if not self.postgres:
             _private_files(self.path)
-        self._writer_db = connect(location, durability)
+        self._writer_db = self._connect()
         migrate(self._writer_db)
         make_cursor_key(self._writer_db)
-        self.reader = connect(location, durability)
+        self.reader = self._connect()
         if not self.postgres:
             _private_files(self.path)  # the -wal and -shm files SQLite made beside it
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
-        self._readers = ThreadPoolExecutor(
-            max_workers=reader_threads
-            or READER_THREADS["postgresql" if self.postgres else "sqlite"],
-            thread_name_prefix="reader",
-        )
+        self._readers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reader")
         # PostgreSQL's short reads (a get, a cache check, a write's IAM pre-check) on threads of
         # their own: never queued behind long lists.
         self._short_readers = ThreadPoolExecutor(
@@ -204,6 +253,9 @@ class Store:
         # Called on the event loop after a mutation that appended events: the last seq and
         # the tenants they are visible to.
         self.on_commit: Callable[[int, frozenset[str]], None] | None = None
+
+    def _connect(self) -> Database:
+        return connect(self.location, self.durability, self._pool, self.db_timeout)
 
     def gated(self, gate: Callable[[Database], None]) -> "Store":
         """This store as one API method uses it: each of its transactions first runs ``gate``
@@ -219,7 +271,7 @@ class Store:
     def _thread_reader(self) -> Database:
         db: Database | None = getattr(self._local, "db", None)
         if db is None:
-            db = self._local.db = connect(self.location, self.durability)
+            db = self._local.db = self._connect()
             self._reader_dbs.append(db)
         return db
 
@@ -280,3 +332,5 @@ class Store:
         self.reader.close()
         for db in self._reader_dbs:
             db.close()
+        if self._pool is not None:
+            self._pool.close()

@@ -43,7 +43,7 @@ def identity(db: Database) -> Hashable | None:
     file (its device and inode, whatever path reached it); None for a database without a
     file (in memory), whose key is then read on each connection."""
     if isinstance(db, PostgresDatabase):
-        info = db.conn.info
+        info = db.borrowed().info
         return ("postgresql", info.host, info.port, info.dbname)
     file = next((row[2] for row in db.execute("PRAGMA database_list") if row[1] == "main"), "")
     if not file:

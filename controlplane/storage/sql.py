@@ -10,12 +10,14 @@ translates (``?`` → ``%s``) once per statement text.
 
 import re
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import sqlite_utils
+
+from shared.errors import Unavailable
 
 
 class Cursor(Protocol):
@@ -120,6 +122,7 @@ class SqliteDatabase(Database):
         self.conn.close()
 
 
+T = TypeVar("T")
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
@@ -132,36 +135,92 @@ def to_pyformat(sql: str, named: bool) -> str:
 
 
 class PostgresDatabase(Database):
-    """PostgreSQL through psycopg 3, in autocommit mode: transactions are explicit."""
+    """PostgreSQL through psycopg 3, in autocommit mode: transactions are explicit.
+
+    Its connection comes from a pool (psycopg-pool) that checks it on borrow: at each
+    ``BEGIN`` a connection that broke (a restart, a failover, a cut network) is handed back,
+    where the pool drops it, and a fresh one is borrowed (F1); a ``BEGIN`` that fails on a
+    connection the server closed meanwhile is tried once more on a new one. While the
+    database cannot be reached every statement raises ``Unavailable`` (503), never an
+    internal error, and no borrow waits longer than the pool's timeout.
+    """
 
     dialect = POSTGRESQL
 
-    def __init__(self, conn: Any) -> None:  # a psycopg.Connection
+    def __init__(self, pool: Any, timeout: float) -> None:  # a psycopg_pool.ConnectionPool
+        self.pool = pool
+        self.timeout = timeout
+        self.conn: Any = None  # the borrowed psycopg.Connection
+
+    def borrowed(self) -> Any:
+        import psycopg_pool
         from psycopg.types.numeric import IntDumper
 
-        self.conn = conn
-        # Flags are 0/1 integers on both backends: a Python bool goes in as one.
-        conn.adapters.register_dumper(bool, IntDumper)
+        if self.conn is not None and (self.conn.broken or self.conn.closed):
+            self._give_back()
+        if self.conn is None:
+            try:
+                conn = self.pool.getconn(timeout=self.timeout)
+            except psycopg_pool.PoolTimeout as exc:
+                raise Unavailable(f"the database cannot be reached: {exc}") from None
+            # Flags are 0/1 integers on both backends: a Python bool goes in as one.
+            conn.adapters.register_dumper(bool, IntDumper)
+            self.conn = conn
+        return self.conn
+
+    def _give_back(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            try:
+                self.pool.putconn(conn)  # a broken or closed one is dropped, not kept
+            except Exception:  # the pool is closing: nothing to give back to
+                conn.close()
+
+    def _run(self, fn: Callable[[Any], T], begins: bool) -> T:
+        import psycopg
+
+        for attempt in (1, 2):
+            conn = self.borrowed()
+            try:
+                return fn(conn)
+            except psycopg.OperationalError as exc:
+                broken = conn.broken or conn.closed
+                if broken:
+                    self._give_back()
+                if begins and broken and attempt == 1:
+                    continue  # nothing was done yet: once more on a fresh connection
+                raise Unavailable(f"the database cannot be reached: {exc}") from None
+        raise AssertionError("unreachable")
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
         named = isinstance(params, Mapping)
-        cursor: Cursor = self.conn.execute(to_pyformat(sql, named), params or None)
+        text = to_pyformat(sql, named)
+        cursor: Cursor = self._run(
+            lambda conn: conn.execute(text, params or None), sql.startswith("BEGIN")
+        )
         return cursor
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         batch = list(rows)
-        if batch:
-            with self.conn.cursor() as cursor:
+        if not batch:
+            return
+
+        def many(conn: Any) -> None:
+            with conn.cursor() as cursor:
                 cursor.executemany(to_pyformat(sql, False), batch)
 
+        self._run(many, False)
+
     def script(self, sql: str) -> None:
-        self.conn.execute(sql)
+        self._run(lambda conn: conn.execute(sql), False)
 
     @property
     def in_transaction(self) -> bool:
         from psycopg.pq import TransactionStatus
 
+        if self.conn is None or self.conn.closed:
+            return False
         return bool(self.conn.info.transaction_status != TransactionStatus.IDLE)
 
     def close(self) -> None:
-        self.conn.close()
+        self._give_back()
