@@ -15,7 +15,7 @@ after a replica takes the lead, when flushes from the others may be on their way
 import asyncio
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -29,7 +29,7 @@ from controlplane.metrics import Metrics, count_placement
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
-from controlplane.storage.leader import Leadership
+from controlplane.storage.leader import Leadership, NotLeading
 from controlplane.storage.liveness import LivenessStore
 from controlplane.storage.sql import Database
 
@@ -144,7 +144,9 @@ async def run_reconciler(
     leading_since, following = started, False
     try:
         while True:
-            await asyncio.sleep(interval)
+            # a follower looks every half interval: a dead leader's lease (1.5 intervals) is
+            # taken within two (F2)
+            await asyncio.sleep(interval if leadership.leader else interval / 2)
             try:
                 await stamps.run(flush, stamps, liveness, lost_after / 3)
             except Exception:
@@ -171,7 +173,11 @@ async def run_reconciler(
             )
             try:
                 with metrics.reconcile_seconds.time():
-                    stats = await store.write(work)
+                    stats = await store.write(functools.partial(fenced, leadership, work))
+            except NotLeading as exc:  # F2: another replica took over; this pass wrote nothing
+                log.warning("not leading any more; the pass wrote nothing", reason=str(exc))
+                following = True
+                continue
             except Exception:
                 metrics.reconcile_failures.inc()
                 log.exception("reconciler pass failed")
@@ -189,6 +195,14 @@ async def run_reconciler(
     finally:
         liveness.stored = None
         stamps.close()
+
+
+def fenced(
+    leadership: Leadership, work: Callable[[Database], PassStats], db: Database
+) -> PassStats:
+    """The pass in its transaction, behind this replica's lease (F2)."""
+    leadership.fence(db)
+    return work(db)
 
 
 def flush(stamps: LivenessStore, liveness: Liveness, every: float) -> None:

@@ -2,6 +2,7 @@
 method, one leader runs the passes and another takes over, every rule holds across them."""
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -12,10 +13,13 @@ import aiohttp
 import msgspec
 import pytest
 
+from controlplane.storage.db import Store
+from controlplane.storage.leader import Leadership, NotLeading
 from shared import cpulist
 from tests.conftest import execute
 from tests.daemons import Daemon, call, root_pool
 from tests.nodes import recorded
+from tests.tcp_proxy import TcpProxy
 
 INTERVAL = 0.3  # --reconcile-interval: a takeover is due within two of them
 
@@ -302,3 +306,77 @@ async def test_d8_no_gpu_or_pinned_cpu_is_booked_twice_across_replicas(
             await asyncio.sleep(0.1)
         assert states == {"placed": 8, "ended": 8}, states
         assert exclusive() == 8
+
+
+async def test_f2_a_leader_cut_off_from_the_database_is_replaced_within_two_intervals(
+    tmp_path: Path, postgres_server: Any, postgres_url: str
+) -> None:
+    """F2: the leader reaches the database through a proxy; the proxy cuts it off (a
+    partition): it stops leading, another replica leads within two intervals; restored, the
+    cut-off one follows (the lease is the other's)."""
+    proxy = TcpProxy("127.0.0.1", postgres_server.port)
+    await proxy.start()
+    proxied = postgres_url.replace(f":{postgres_server.port}/", f":{proxy.port}/")
+    daemons: list[Daemon] = []
+    try:
+        for n, url in enumerate((proxied, postgres_url)):
+            workdir = tmp_path / f"replica{n}"
+            (workdir / "data").mkdir(parents=True)
+            daemon = Daemon(workdir, "--reconcile-interval", str(INTERVAL), db=url)
+            await asyncio.to_thread(daemon.start)  # the proxy serves on this loop meanwhile
+            if daemons:
+                (workdir / "data" / "root.token").write_text(daemons[0].token)
+            daemons.append(daemon)
+            async with aiohttp.ClientSession() as session:
+                for _ in range(100):  # bounded: the first leads before the second starts
+                    if (await ready(session, daemons[0]))["leader"]:
+                        break
+                    await asyncio.sleep(0.05)
+        cut_off, other = daemons
+        async with aiohttp.ClientSession() as session:
+            assert await leaders(session, daemons) == [True, False]
+            proxy.cut()
+            at = time.monotonic()
+            while not (await ready(session, other))["leader"]:
+                assert time.monotonic() - at < 2 * INTERVAL + 1.0, "no new leader"
+                await asyncio.sleep(0.02)
+            assert not (await ready(session, cut_off))["leader"]
+            proxy.restore()
+            await asyncio.sleep(4 * INTERVAL)
+            assert await leaders(session, daemons) == [False, True]
+    finally:
+        for daemon in daemons:
+            daemon.kill()
+        await proxy.stop()
+
+
+def test_f2_a_pass_of_a_stale_term_writes_nothing(postgres_url: str) -> None:
+    """F2: a leader whose lease another replica took (it was cut off past the lease) has its
+    next pass refused inside the pass's own transaction: nothing of it is written."""
+    store = Store(postgres_url)
+    try:
+        first, second = Leadership(postgres_url, 0.3), Leadership(postgres_url, 0.3)
+        assert first.holds() and not second.holds()
+        execute(postgres_url, "UPDATE leader_lease SET expires_at = 0")  # its lease ran out
+        assert second.holds() and second.term == first.term + 1
+
+        def pass_writing(db: Any) -> None:
+            db.execute(
+                "INSERT INTO tenants (id, name, created_at) VALUES ('stale', 'stale', 'now')"
+            )
+
+        with pytest.raises(NotLeading):
+            store.transact(functools.partial(fenced_write, first, pass_writing))
+        assert not first.leader
+        assert execute(postgres_url, "SELECT count(*) FROM tenants WHERE id = 'stale'") == [(0,)]
+        store.transact(functools.partial(fenced_write, second, pass_writing))  # the leader's
+        assert execute(postgres_url, "SELECT count(*) FROM tenants WHERE id = 'stale'") == [(1,)]
+        first.close()
+        second.close()
+    finally:
+        store.close()
+
+
+def fenced_write(leadership: Leadership, write: Any, db: Any) -> None:
+    leadership.fence(db)
+    write(db)

@@ -17,7 +17,7 @@ from tests.nodes import DGX_POLICY, held, joined, pool_with_token, recorded, rep
 # Tables no cached read shows, so in no scope: the event log (events/list is never cached),
 # the cursor key and the generations themselves (beside PostgreSQL's schema version and the
 # liveness stamps, which are no migration's tables).
-UNSCOPED = {"events", "event_audience", "cursor_key", "generations"}
+UNSCOPED = {"events", "event_audience", "cursor_key", "generations", "leader_lease"}
 
 
 def tables(db: Path | str) -> set[str]:

@@ -272,6 +272,16 @@ MIGRATIONS: tuple[Migration, ...] = (
     # free to place (the bin-packing order); bookings releasing until the host confirms;
     # pinned CPUs, one booking each (the primary key is D8's exclusivity).
     lambda dialect: delivery_schema(dialect),
+    # 13: F2, leadership as a lease with a fencing term (storage/leader.py): one row.
+    """
+    CREATE TABLE leader_lease (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        term INTEGER NOT NULL,
+        expires_at REAL NOT NULL
+    );
+    INSERT INTO leader_lease (id, holder, term, expires_at) VALUES (1, '', 0, 0);
+    """,
 )
 
 
