@@ -17,6 +17,7 @@ import pytest
 
 from tests.daemons import Daemon, call
 from tests.postgres import SERVER_SETTINGS, PostgresServer
+from tests.tcp_proxy import TcpProxy
 
 DB_TIMEOUT = 5.0  # the daemon's default --db-timeout
 DURABLE = tuple(
@@ -113,3 +114,52 @@ async def test_f1_a_database_restart_answers_503_then_serves_again_losing_nothin
         assert set(load.acknowledged) <= stored, set(load.acknowledged) - stored
     finally:
         daemon.kill()
+
+
+async def test_f1_no_database_call_runs_on_the_event_loop(
+    tmp_path: Path, own_server: PostgresServer
+) -> None:
+    """F1, F2: with the database cut off (a proxy between them drops every connection), the
+    requests that need it wait for it off the event loop and answer 503 within
+    --db-timeout; meanwhile the daemon's event loop answers /healthz at once."""
+    url = own_server.new_database()
+    proxy = TcpProxy("127.0.0.1", own_server.port)
+    await proxy.start()
+    (tmp_path / "data").mkdir()
+    daemon = Daemon(
+        tmp_path,
+        "--reconcile-interval",
+        "0.3",
+        db=url.replace(f":{own_server.port}/", f":{proxy.port}/"),
+    )
+    await asyncio.to_thread(daemon.start)  # the proxy serves on this loop meanwhile
+    try:
+        async with aiohttp.ClientSession() as session:
+            load = Load(daemon, session)
+            await load.one("compute/sites/list", {"tenantId": "root"})
+            proxy.cut()
+            waiting = [
+                asyncio.create_task(load.one(path, {"tenantId": "root"}))
+                for path in ("compute/sites/list", "compute/pools/list", "compute/events/list") * 3
+            ]
+            await asyncio.sleep(0.2)
+            slowest_health = 0.0
+            while not all(task.done() for task in waiting):
+                started = time.monotonic()
+                async with session.get(f"{daemon.url}/healthz") as response:
+                    assert response.status == 200
+                slowest_health = max(slowest_health, time.monotonic() - started)
+                await asyncio.sleep(0.1)
+            await asyncio.gather(*waiting)
+            assert slowest_health < 0.5, slowest_health
+            assert set(load.statuses) == {200, 503} and load.slowest < DB_TIMEOUT + SLACK
+            proxy.restore()
+            for _ in range(100):  # bounded: served again within 10 s
+                if await load.one("compute/sites/list", {"tenantId": "root"}) is not None:
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("not served again after the database came back")
+    finally:
+        daemon.kill()
+        await proxy.stop()

@@ -10,10 +10,11 @@ translates (``?`` → ``%s``) once per statement text.
 
 import re
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import sqlite_utils
 
@@ -134,6 +135,28 @@ def to_pyformat(sql: str, named: bool) -> str:
     return _NAMED.sub(r"%(\1)s", sql) if named else sql.replace("?", "%s")
 
 
+AWAY_S = 1.0  # how long a timed-out borrow makes the others answer at once (F1)
+_AWAY: dict[int, float] = {}  # per pool: until when its database is taken to be away
+
+
+class _NoRows:
+    """The answer to a statement that did not need to run."""
+
+    rowcount = 0
+
+    def fetchone(self) -> None:
+        return None
+
+    def fetchall(self) -> list[Any]:
+        return []
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(())
+
+
+_NO_ROWS: Cursor = cast(Cursor, _NoRows())
+
+
 class PostgresDatabase(Database):
     """PostgreSQL through psycopg 3, in autocommit mode: transactions are explicit.
 
@@ -159,9 +182,15 @@ class PostgresDatabase(Database):
         if self.conn is not None and (self.conn.broken or self.conn.closed):
             self._give_back()
         if self.conn is None:
+            # A borrow that just waited out the timeout says the database is away: for a
+            # moment every other borrow of the pool answers so at once, so no request waits
+            # longer than the timeout in all, however many statements it has left.
+            if time.monotonic() < _AWAY.get(id(self.pool), 0.0):
+                raise Unavailable("the database cannot be reached")
             try:
                 conn = self.pool.getconn(timeout=self.timeout)
             except psycopg_pool.PoolTimeout as exc:
+                _AWAY[id(self.pool)] = time.monotonic() + AWAY_S
                 raise Unavailable(f"the database cannot be reached: {exc}") from None
             # Flags are 0/1 integers on both backends: a Python bool goes in as one.
             conn.adapters.register_dumper(bool, IntDumper)
@@ -193,6 +222,9 @@ class PostgresDatabase(Database):
         raise AssertionError("unreachable")
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
+        if self.conn is None and sql.startswith(("COMMIT", "ROLLBACK")):
+            # The connection broke inside the transaction and was dropped: nothing to end.
+            return _NO_ROWS
         named = isinstance(params, Mapping)
         text = to_pyformat(sql, named)
         cursor: Cursor = self._run(
