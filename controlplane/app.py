@@ -1,4 +1,5 @@
-"""make_app(config): typed app state, the middleware, the route table, and lifetimes."""
+"""make_app(config): typed app state, the middleware, the route table, and lifetimes; and
+make_metrics_app, the app of a --metrics-listen listener."""
 
 import asyncio
 import contextlib
@@ -11,10 +12,20 @@ import structlog
 from aiohttp import web
 
 from controlplane.api import worker
-from controlplane.api.keys import METHODS, METRICS, OPENAPI, RUNTIME, SCHEMAS
+from controlplane.api.keys import (
+    BODY_TIMEOUT,
+    METHODS,
+    METRICS,
+    OPENAPI,
+    RUNTIME,
+    SCHEMAS,
+    TOKEN_PREFIXES,
+)
 from controlplane.api.middleware import request_middleware
 from controlplane.api.openapi import openapi_document
-from controlplane.api.routes import ALL_METHODS, add_routes
+from controlplane.api.ops import READINESS, Readiness
+from controlplane.api.routes import ALL_METHODS, add_metrics_listener_routes, add_routes
+from controlplane.api.screen import PREFIXES
 from controlplane.config import MAX_BODY_BYTES, Config
 from controlplane.metrics import COUNTED, Metrics
 from controlplane.reads.workers import ReadWorkers
@@ -37,11 +48,25 @@ def make_app(config: Config) -> web.Application:
     app[METRICS] = Metrics.create()
     app[METHODS] = methods
     app[SCHEMAS] = {method.path: method.request for method in methods}
+    app[TOKEN_PREFIXES] = {m.path: PREFIXES[m.auth] for m in methods if m.auth in PREFIXES}
+    app[BODY_TIMEOUT] = config.body_timeout
+    app[READINESS] = Readiness()
     app[OPENAPI] = msgspec.json.encode(openapi_document(methods, version("better-compute")))
-    add_routes(app, methods)
+    add_routes(app, methods, metrics=config.metrics_listen is None)
     app.on_shutdown.append(_end_long_polls)
     app.cleanup_ctx.append(_store_lifetime)
+    app.cleanup_ctx.append(_readiness_lifetime)
     app.cleanup_ctx.append(_reconciler_lifetime)
+    return app
+
+
+def make_metrics_app(api: web.Application) -> web.Application:
+    """F4: what ``--metrics-listen`` serves: ``/metrics`` of the API app ``api`` (its runtime,
+    its counters), through the same middleware, without a token."""
+    app = web.Application(middlewares=[request_middleware])
+    app[RUNTIME] = api[RUNTIME]
+    app[METRICS] = api[METRICS]
+    add_metrics_listener_routes(app)
     return app
 
 
@@ -57,7 +82,8 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
     # B6: a reader thread in a long list hands the interpreter back to the event loop after
     # this long (Python's default, 5 ms, let a pools/get wait behind it for tens of ms).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    store = Store(config.db_path, config.durability)  # makes its directory 0700 (R7)
+    # makes its directory 0700 (R7)
+    store = Store(config.db_path, config.durability, db_timeout=config.db_timeout)
     if bootstrap(store, config.root_token_file):
         log.info("bootstrapped tenant root", root_token_file=str(config.root_token_file))
     with store.snapshot() as db:
@@ -74,6 +100,17 @@ async def _store_lifetime(app: web.Application) -> AsyncIterator[None]:
         listener.stop()
     runtime.workers.close()
     store.close()
+
+
+async def _readiness_lifetime(app: web.Application) -> AsyncIterator[None]:
+    """/readyz answers from a check made once before serving, then every READY_CHECK_S."""
+    readiness, store = app[READINESS], app[RUNTIME].db
+    await readiness.check(store)
+    task = asyncio.create_task(readiness.run(store), name="readiness")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def _reconciler_lifetime(app: web.Application) -> AsyncIterator[None]:

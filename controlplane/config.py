@@ -9,6 +9,8 @@ Durability = Literal["full", "relaxed"]
 
 MAX_BODY_BYTES = 1024 * 1024  # request bodies over 1 MiB are refused
 READ_WORKERS = 2  # processes for long cached lists, started on the first slow one (B6)
+DB_TIMEOUT_S = 5.0  # F1: the longest a request waits on the database in all
+BODY_TIMEOUT_S = 30.0  # F4: a request's whole body must arrive within this long of its head
 
 
 @dataclass(frozen=True)
@@ -25,3 +27,9 @@ class Config:
     # R7: commits synced before the answer ("full"); "relaxed" trades power-loss safety away.
     durability: Durability = "full"
     read_workers: int = READ_WORKERS
+    body_timeout: float = BODY_TIMEOUT_S
+    # F1: the longest a request waits on the database in all before it answers 503.
+    db_timeout: float = DB_TIMEOUT_S
+    # F4: where /metrics is served without a token (an internal address); None: on the API
+    # port, to root credentials only.
+    metrics_listen: tuple[str, int] | None = None

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from controlplane.config import READ_WORKERS, Config, Durability
+from controlplane.config import BODY_TIMEOUT_S, DB_TIMEOUT_S, READ_WORKERS, Config, Durability
 from controlplane.demo import demo
 from controlplane.server import (
     HEADER_TIMEOUT_S,
@@ -81,6 +81,27 @@ def cli() -> None:
     help="Seconds a request's line and headers have to arrive whole.",
 )
 @click.option(
+    "--body-timeout",
+    type=click.FloatRange(min=0.1),
+    default=BODY_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a request's whole body has to arrive in after its headers (else 408).",
+)
+@click.option(
+    "--db-timeout",
+    type=click.FloatRange(min=0.5),
+    default=DB_TIMEOUT_S,
+    show_default=True,
+    help="Seconds a request waits on a PostgreSQL database that does not answer, in all, "
+    "before it answers 503 UNAVAILABLE with Retry-After.",
+)
+@click.option(
+    "--metrics-listen",
+    callback=lambda _ctx, _param, value: None if value is None else parse_listen(value),
+    help="HOST:PORT to serve /metrics on without a token (an internal address), instead of "
+    "on --listen to root credentials.",
+)
+@click.option(
     "--durability",
     type=click.Choice(["full", "relaxed"]),
     default="full",
@@ -122,6 +143,9 @@ def serve(
     node_lost_after: float,
     keepalive_timeout: float,
     header_timeout: float,
+    body_timeout: float,
+    db_timeout: float,
+    metrics_listen: tuple[str, int] | None,
     durability: Durability,
     tls_cert: Path | None,
     tls_key: Path | None,
@@ -157,6 +181,9 @@ def serve(
         node_lost_after=node_lost_after,
         durability=durability,
         read_workers=read_workers,
+        body_timeout=body_timeout,
+        db_timeout=db_timeout,
+        metrics_listen=metrics_listen,
     )
     asyncio.run(
         run_server(

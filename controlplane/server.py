@@ -1,5 +1,6 @@
 """The daemon's HTTP server: aiohttp's connection protocol hardened (a deadline on each
-request's head), TLS, the signals that stop it, and the runner that serves the app until then.
+request's head), TLS, the signals that stop it, and the runner that serves the app until then
+(with, on ``--metrics-listen``, a second listener for ``/metrics``).
 
 F5: the head deadline relies on private attributes of aiohttp (``INTERNALS``). At start the
 server checks that they are there and of the kind it expects; when one is not, it serves
@@ -20,8 +21,8 @@ import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from controlplane.app import make_app
-from controlplane.config import Config
+from controlplane.app import make_app, make_metrics_app
+from controlplane.config import BODY_TIMEOUT_S, Config
 from controlplane.storage.db import is_postgres
 from shared.sdnotify import Notifier
 
@@ -29,6 +30,7 @@ log = structlog.get_logger("controlplane")
 
 KEEPALIVE_TIMEOUT_S = 75.0  # an idle kept-alive connection is closed after this long
 HEADER_TIMEOUT_S = 10.0  # a request's line and headers must arrive whole within this long
+LINGERING_S = 10.0  # aiohttp's own bound on draining a body no handler read
 
 # The private aiohttp attributes the head deadline uses, each with what it must be.
 INTERNALS = (
@@ -164,14 +166,20 @@ def make_runner(
     keepalive_timeout: float,
     header_timeout: float,
     missing: list[str],
+    body_timeout: float = BODY_TIMEOUT_S,
 ) -> web.AppRunner:
     """The app's runner: with the head deadline (``Runner``) when aiohttp has every internal it
-    uses, else aiohttp's own, and one warning naming the ``missing`` ones (F5)."""
+    uses, else aiohttp's own, and one warning naming the ``missing`` ones (F5).
+
+    A body no handler reads (a GET's, or one after an early refusal) is drained after the
+    answer for at most ``body_timeout`` too (F4), then the connection closes.
+    """
     options: dict[str, Any] = {
         "access_log": None,
         "handle_signals": False,
         "shutdown_timeout": 10,
         "keepalive_timeout": keepalive_timeout,
+        "lingering_time": min(LINGERING_S, body_timeout),
     }
     if not missing:
         return Runner(app, header_timeout=header_timeout, **options)
@@ -237,21 +245,34 @@ async def run_server(
 
     With ``tls`` it serves HTTPS (M3); without, on an address other than loopback it says
     once, as a warning, that requests and tokens cross the network in clear.
+
+    With ``config.metrics_listen`` it serves ``/metrics`` there too, in plain HTTP and without
+    a token (F4: an address only the scraper reaches), and no longer on the API's address.
     """
     if notifier is None:
         notifier = Notifier.from_environment()
-    runner = make_runner(
-        make_app(config),
-        keepalive_timeout=keepalive_timeout,
-        header_timeout=header_timeout,
-        missing=missing_internals(),
-    )
+    app = make_app(config)
+    timeouts: dict[str, Any] = {
+        "keepalive_timeout": keepalive_timeout,
+        "header_timeout": header_timeout,
+        "body_timeout": config.body_timeout,
+        "missing": missing_internals(),
+    }
+    runner = make_runner(app, **timeouts)
     await runner.setup()  # opens the store and runs its migrations (cleanup_ctx)
     site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
     await site.start()
     port = runner.addresses[0][1]  # the bound port, also when --listen asked for port 0
     url = f"{'https' if tls else 'http'}://{config.host}:{port}"
     log.info("serving", url=url, db=redacted(config.db_path))
+    metrics_runner = None
+    if config.metrics_listen is not None:
+        metrics_runner = make_runner(make_metrics_app(app), **timeouts)
+        await metrics_runner.setup()
+        host, metrics_port = config.metrics_listen
+        await web.TCPSite(metrics_runner, host, metrics_port).start()
+        metrics_port = metrics_runner.addresses[0][1]
+        log.info("serving /metrics without a token", url=f"http://{host}:{metrics_port}/metrics")
     if tls is None and not is_loopback(config.host):
         log.warning(
             "serving plain HTTP on an address that is not loopback: tokens cross the network "
@@ -269,6 +290,8 @@ async def run_server(
         await stop.wait()
         notifier.stopping(status="finishing requests in flight")
         log.info("shutting down")
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
         await runner.cleanup()
     finally:
         watchdog.cancel()

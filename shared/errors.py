@@ -2,7 +2,8 @@
 
     ApiError
     ├── InvalidInput        400 INVALID_INPUT     (details.field names the JSON path)
-    │   └── PayloadTooLarge 413 INVALID_INPUT
+    │   ├── PayloadTooLarge 413 INVALID_INPUT
+    │   └── BodyTimedOut    408 INVALID_INPUT     (the body did not arrive whole in time)
     ├── Unauthenticated     401 UNAUTHENTICATED
     ├── PermissionDenied    403 PERMISSION_DENIED
     ├── NotFound            404 NOT_FOUND
@@ -35,6 +36,13 @@ class InvalidInput(ApiError):
 
 class PayloadTooLarge(InvalidInput):
     status = 413
+
+
+class BodyTimedOut(InvalidInput):
+    """F4: the body did not arrive whole within --body-timeout of its headers; the connection
+    closes after the answer (no code of the error table is closer than INVALID_INPUT)."""
+
+    status = 408
 
 
 class Unauthenticated(ApiError):

@@ -52,7 +52,8 @@ class Scrape:
 
 
 async def scrape(api: Api) -> Scrape:
-    response = await api.client.get("/metrics")
+    """/metrics as a scraper with the root token reads it (F4)."""
+    response = await api.client.get("/metrics", headers={"Authorization": f"Bearer {api.token}"})
     assert response.status == 200
     return Scrape(await response.text())
 

@@ -369,7 +369,8 @@ async def test_r5_failures_are_counted_in_the_metrics(aiohttp_client: Any, tmp_p
     )
 
     async def failures() -> float:
-        text = await (await client.get("/metrics")).text()
+        scrape = await client.get("/metrics", headers={"Authorization": f"Bearer {api.token}"})
+        text = await scrape.text()
         line = next(x for x in text.splitlines() if x.startswith("bc_reconcile_failures_total"))
         return float(line.split()[-1])
 

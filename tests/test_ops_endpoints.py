@@ -1,7 +1,10 @@
 """Health, readiness, metrics, the OpenAPI document, request ids and the log line."""
 
+import time
 from typing import Any
 
+from controlplane.api.keys import RUNTIME
+from controlplane.api.ops import READY_WITHIN_S, Readiness
 from controlplane.api.routes import ALL_METHODS
 from controlplane.config import Config
 from tests.conftest import Api
@@ -14,6 +17,30 @@ async def test_healthz_and_readyz(api: Api) -> None:
     ready = await api.client.get("/readyz")
     assert ready.status == 200
     assert (await ready.json())["status"] == "ready"
+
+
+class Unreachable:
+    """A store whose database does not answer (what a read raises then)."""
+
+    async def read_short(self, fn: Any) -> Any:
+        raise OSError("connection refused")
+
+
+async def test_f4_readiness_is_the_daemons_last_check(api: Api) -> None:
+    """F4: what /readyz answers is the daemon's own last check, not a read per probe: ready
+    after a check that found every migration, unavailable once a check fails or the last good
+    one is older than READY_WITHIN_S, ready again after a check passes."""
+    store = api.client.app[RUNTIME].db
+    readiness = Readiness()
+    assert readiness.state() == "unavailable"  # no check yet
+    await readiness.check(store)
+    assert readiness.state() == "ready"
+    await readiness.check(Unreachable())  # type: ignore[arg-type]
+    assert readiness.state() == "unavailable"
+    await readiness.check(store)
+    assert readiness.state() == "ready"
+    readiness.checked_at = time.monotonic() - READY_WITHIN_S - 1  # a check that hangs
+    assert readiness.state() == "unavailable"
 
 
 async def test_openapi_lists_every_method_with_its_schema(api: Api, config: Config) -> None:
@@ -49,5 +76,6 @@ async def test_request_id_in_header_error_body_and_metrics(api: Api) -> None:
     body = await response.json()
     assert response.headers["X-Request-Id"] == body["error"]["requestId"]
     assert body["error"]["requestId"].startswith("req_")
-    metrics = await (await api.client.get("/metrics")).text()
+    root = {"Authorization": f"Bearer {api.token}"}
+    metrics = await (await api.client.get("/metrics", headers=root)).text()
     assert 'bc_http_requests_total{method="/api/compute/pools/list",status="401"} 1.0' in metrics

@@ -16,4 +16,8 @@ SCHEMAS = web.AppKey("schemas", dict)
 # What the screen made of the body: the decoded request, the schema's ValidationError (raised
 # after authentication), or None when the path is no method's.
 BODY: web.RequestKey[object] = web.RequestKey("body", object)
+# F4: seconds a request's whole body has to arrive in (--body-timeout).
+BODY_TIMEOUT = web.AppKey("body_timeout", float)
+# F4: each method's kind of bearer token by path (nodes/join takes none).
+TOKEN_PREFIXES = web.AppKey("token_prefixes", dict)
 CALLER: web.RequestKey[dict[str, Any]] = web.RequestKey("caller", dict)  # who calls, logged

@@ -1,5 +1,6 @@
 """The one middleware: a request id on every line, the screen, errors mapped, one log line."""
 
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -9,7 +10,7 @@ from aiohttp import web
 from controlplane.api.answer import error_response, json_response
 from controlplane.api.keys import CALLER, METRICS
 from controlplane.api.screen import incoming_request_id, screen
-from shared.errors import ApiError, InvalidInput, NotFound, error_body
+from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, error_body
 from shared.log import log_request
 
 log = structlog.get_logger("controlplane.http")
@@ -22,10 +23,15 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     request_id = incoming_request_id(request)
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
+    hang_up = False
     try:
         try:
             await screen(request)
             response = await handler(request)
+        except BodyTimedOut as exc:
+            response = error_response(exc, request_id)
+            response.force_close()
+            hang_up = True
         except ApiError as exc:
             response = error_response(exc, request_id)
         except web.HTTPNotFound:
@@ -57,6 +63,18 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
             round(elapsed * 1000, 3),
             request.get(CALLER, {}),
         )
+        if hang_up:
+            await answer_and_hang_up(request, response)
         return response
     finally:
         structlog.contextvars.unbind_contextvars("request_id")
+
+
+async def answer_and_hang_up(request: web.Request, response: web.StreamResponse) -> None:
+    """F4: after a 408 the rest of the body is not waited for. Returned as it is, aiohttp
+    would go on reading the body for its lingering time before closing; so the answer goes
+    out here and the connection is closed at once (aiohttp then finds it sent)."""
+    with contextlib.suppress(ConnectionError):  # the client left first: nothing to send
+        await response.prepare(request)
+        await response.write_eof()
+    request.protocol.force_close()

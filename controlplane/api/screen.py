@@ -1,16 +1,20 @@
-"""R2: what every request is screened for, before authentication and before any method runs."""
+"""R2: what every request is screened for, before authentication and before any method runs;
+F4: a body that takes too long, and a bearer token that cannot be any credential."""
 
+import asyncio
 import itertools
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from controlplane.api.keys import BODY, SCHEMAS
-from controlplane.config import MAX_BODY_BYTES
-from shared.errors import InvalidInput, PayloadTooLarge
+from controlplane.api.keys import BODY, BODY_TIMEOUT, SCHEMAS, TOKEN_PREFIXES
+from controlplane.config import BODY_TIMEOUT_S, MAX_BODY_BYTES
+from controlplane.iam.tokens import CREDENTIAL_PREFIX, NODE_PREFIX
+from shared.errors import BodyTimedOut, InvalidInput, PayloadTooLarge, Unauthenticated
 from shared.ids import request_id as new_request_id
 
 JSON = "application/json"
@@ -28,6 +32,10 @@ _STRING = re.compile(rb'"(?:[^"\\]++|\\.?)*+(?:"|\Z)', re.DOTALL)
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 _NOT_OPENING = bytes(b for b in range(256) if b not in b"[{")
 _STEP = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")  # +1 and -1 as signed bytes
+
+PREFIXES = {"credential": CREDENTIAL_PREFIX, "node": NODE_PREFIX}  # by Method.auth
+# After its prefix, a token is secrets.token_urlsafe(32): 43 characters of base64url.
+_TOKEN_SECRET = re.compile(r"[A-Za-z0-9_-]{43}")
 
 
 def incoming_request_id(request: web.Request) -> str:
@@ -121,14 +129,39 @@ async def read_body(request: web.Request) -> bytes:
     """The whole body (aiohttp keeps it: parse_body reads it again for free), at most 1 MiB."""
     if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
         raise PayloadTooLarge("request body is over 1 MiB", limit=MAX_BODY_BYTES)
+    # Screened as soon as its head is parsed, so the deadline runs from the headers (F4): a
+    # body trickled in a byte at a time holds its connection no longer than this.
+    seconds = request.app.get(BODY_TIMEOUT, BODY_TIMEOUT_S)
     try:
-        return await request.read()
+        if request.content.is_eof():  # the usual case: it came whole with its head
+            return await request.read()
+        async with asyncio.timeout(seconds):
+            return await request.read()
+    except TimeoutError:
+        raise BodyTimedOut(
+            f"the body did not arrive whole within {seconds:g} s of the headers", seconds=seconds
+        ) from None
     except web.HTTPRequestEntityTooLarge:
         raise PayloadTooLarge("request body is over 1 MiB", limit=MAX_BODY_BYTES) from None
     except (HttpProcessingError, ConnectionError):
         raise InvalidInput(
             "the body could not be read (bad chunk encoding, or cut short)"
         ) from None
+
+
+def check_token_shape(headers: Mapping[str, str], prefix: str) -> None:
+    """F4: a bearer token that is not of the shape the daemon issues with ``prefix`` is no
+    credential of that kind: UNAUTHENTICATED, as an unknown one is, with nothing read for it.
+    A missing or non-bearer ``Authorization`` is left to the method (401 before any read too);
+    a token of the right shape is looked up, and that read is its authentication."""
+    scheme, _, token = headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if (
+        scheme.lower() == "bearer"
+        and token
+        and not (token.startswith(prefix) and _TOKEN_SECRET.fullmatch(token, len(prefix)))
+    ):
+        raise Unauthenticated("unknown, revoked or expired credential")
 
 
 async def screen(request: web.Request) -> None:
@@ -138,7 +171,8 @@ async def screen(request: web.Request) -> None:
     body is not a UTF-8 JSON object nested at most 64 deep, or, the body being fine, whose
     Content-Type is not ``application/json`` (a missing one included: every client we ship,
     and curl with ``-H 'Content-Type: application/json'``, sends it; ``curl -d`` alone sends a
-    form type).
+    form type). F4: a body not whole within the body timeout (408), then a bearer token that
+    cannot be the method's kind of credential (401).
     """
     headers = request.headers
     if len(headers.getall("Authorization", ())) > 1:
@@ -146,9 +180,12 @@ async def screen(request: web.Request) -> None:
     if request.method != "POST" or request.match_info.http_exception is not None:
         return
     route = request.match_info.route.resource
-    schemas = request.app.get(SCHEMAS, {})  # an app without methods (a test's) has none
-    schema = None if route is None else schemas.get(route.canonical)
-    request[BODY] = check_body(await read_body(request), schema)
+    path = None if route is None else route.canonical
+    # An app without methods (a test's) has neither schemas nor token kinds.
+    request[BODY] = check_body(await read_body(request), request.app.get(SCHEMAS, {}).get(path))
     content_type = headers.get("Content-Type")
     if content_type not in _JSON_TYPES and not is_json_type(content_type):
         raise InvalidInput("send Content-Type: application/json", header="Content-Type")
+    prefix = request.app.get(TOKEN_PREFIXES, {}).get(path)
+    if prefix is not None:
+        check_token_shape(headers, prefix)

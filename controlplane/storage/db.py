@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from controlplane.config import Durability
+from controlplane.config import DB_TIMEOUT_S, Durability
 from controlplane.storage.migrations import EVERY_SCOPE, Scope, migrate
 from controlplane.storage.paging import make_cursor_key
 from controlplane.storage.sql import Database, PostgresDatabase, SqliteDatabase
@@ -86,7 +86,7 @@ def is_postgres(location: str | Path) -> bool:
     return str(location).startswith(("postgresql://", "postgres://"))
 
 
-DB_TIMEOUT = 5.0  # seconds: the longest a request waits on the database in all (F1)
+DB_TIMEOUT = DB_TIMEOUT_S
 
 
 def connection_options(timeout: float) -> dict[str, Any]:
