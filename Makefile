@@ -93,6 +93,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/packing.py
 	$(BIN)/python bench/durability.py
 	$(BIN)/python bench/crash.py
+	$(BIN)/python bench/crash.py --postgres --rounds 3
 	$(BIN)/python bench/backends.py
 
 clean:

@@ -1,10 +1,11 @@
-"""Crash harness for R7: kill -9 the real daemon under concurrent writes, then audit the SQLite file.
+"""Crash harness for R7 and F6: kill -9 the real daemon under concurrent writes, then audit.
 
 Run it with ``make bench`` (which runs ``.venv/bin/python bench/crash.py``) or directly::
 
     .venv/bin/python bench/crash.py [--rounds 10] [--clients 8] [--seed N]
+    .venv/bin/python bench/crash.py --postgres [--rounds 3] [--replicas 3] [--clients 8] [--seed N]
 
-What it does, in one run:
+What it does, in one run (SQLite, the default):
 
 1. Starts the real daemon (``better-compute-controlplane serve --db DIR/bc.db --listen
    127.0.0.1:PORT --root-token-file DIR/root.token``) on a fresh database in a temporary
@@ -25,19 +26,46 @@ What it does, in one run:
 4. ``--rounds`` times, after a random stretch of load (``--min-up``..``--max-up`` seconds), sends
    SIGKILL to the daemon while the clients keep sending (requests are in flight), audits the
    database file, restarts the daemon on the same database, audits again and lets the clients
-   go on; a daemon that cannot start again on the crashed database is a violation. At the end it stops the clients, stops the daemon with SIGTERM and audits once more.
+   go on; a daemon that cannot start again on the crashed database is a violation. At the end it
+   stops the clients, stops the daemon with SIGTERM and audits once more.
 
-Each audit opens the file read-only with sqlite3 (``mode=ro``), in one read transaction:
+With ``--postgres`` (F6) the same setup, load and audit run against ``--replicas`` (default 3)
+``serve --db postgresql://…`` replicas of one durable PostgreSQL server the harness starts
+(tests/postgres.py's ``PostgresServer``, fsync and synchronous_commit on) in ``DIR``'s place;
+the first replica bootstraps root and the others share its token file, and each replica reaches
+the database through its own TCP proxy (tests/tcp_proxy.py). The clients spread their requests
+over the replicas at random and never pause; an answer 503 (``UNAVAILABLE``, which must carry
+``Retry-After``) or none is in doubt and sent again with the same body, to any replica, after
+Retry-After (capped at 0.5 s), at most 30 times. ``--rounds`` times, the four fault kinds in
+turn, each after a random stretch of load:
 
-- ``PRAGMA integrity_check`` is ``ok``; ``PRAGMA foreign_key_check`` finds nothing;
+- ``kill -9``: SIGKILL of a random replica, restarted on the database a moment later;
+- ``restart -m fast`` and ``restart -m immediate``: ``pg_ctl stop -m fast|immediate`` (immediate
+  is a crash: recovery from the WAL), down 0.2-1 s, started again on the same port;
+- ``cut``: a random replica's proxy drops every connection and refuses new ones for 1-2 s, then
+  lets them through again.
+
+After each fault every replica must serve again within 20 s, with no restart but the killed
+one's (F1): ``/readyz`` answers 200 and it has acknowledged a client's write since the fault
+ended. Then the database is audited; at the end the replicas get SIGTERM and it is audited once
+more. It prints each fault, then per kind the count and the violations.
+
+Each audit reads one consistent snapshot: SQLite's file opened read-only with sqlite3
+(``mode=ro``) in one read transaction; PostgreSQL with psycopg in one REPEATABLE READ read-only
+transaction, begun after the acknowledged writes it checks were taken:
+
+- SQLite: ``PRAGMA integrity_check`` is ``ok``; ``PRAGMA foreign_key_check`` finds nothing.
+  PostgreSQL: no invalid index, no unvalidated foreign key, and no dangling reference (an
+  anti-join per referencing column, ``REFERENCES``, node_devices.reservation_id included);
 - events ``seq`` run 1..max without a gap;
 - each quota row's ``used`` is the sum over live reservations (pending, placed, active) of that
   (pool, tenant, resource), and no live reservation counts against a row that does not exist;
-- each ``node_resources`` row's ``allocated`` is the sum of the bookings of placed and active
-  reservations on it, and never exceeds ``capacity``;
-- each GPU atom (``node_devices``) is either free (no reservation) or booked by exactly one placed
-  or active reservation on that node, which holds a booking for that many atoms; each placed or
-  active reservation's bookings are exactly what it asked for;
+- each ``node_resources`` row's ``allocated`` is the sum of the bookings of held reservations
+  (placed, active, or ended with delivery ``releasing``/``release-blocked``: D7) on it, and
+  never exceeds ``capacity``;
+- each GPU atom (``node_devices``) is either free (no reservation) or booked by exactly one held
+  reservation on that node, which holds a booking for that many atoms; each held reservation's
+  bookings are exactly what it asked for;
 - every change carries its event (a pool has ``pool.created``; a reservation
   ``reservation.created`` or ``reservation.failed``, and ``.placed``/``.active``/``.ended`` as its
   state says);
@@ -47,9 +75,10 @@ Each audit opens the file read-only with sqlite3 (``mode=ro``), in one read tran
   an event exists for each (``pool.created``, ``pool.offered``, ``quota.updated``,
   ``reservation.created``/``.failed``/``.placed``/``.ended``).
 
-It prints the rounds, the acknowledged writes, the checks made and the violations (expected 0).
-Exit status: 0 when there is no violation, 1 when there is one, 2 when the setup failed. The
-helpers that start and poll processes are bench/api.py's.
+Any answer 500 or more (but ``--postgres``'s 503 ``UNAVAILABLE`` with ``Retry-After``) is a
+violation too. It prints the rounds (or faults), the acknowledged writes, the checks made and
+the violations (expected 0). Exit status: 0 when there is no violation, 1 when there is one, 2
+when the setup failed. The helpers that start and poll processes are bench/api.py's.
 """
 
 from __future__ import annotations
@@ -60,6 +89,7 @@ import contextlib
 import copy
 import importlib.util
 import json
+import math
 import os
 import random
 import shutil
@@ -72,14 +102,21 @@ import time
 import uuid
 import zlib
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
 import aiohttp
+import psycopg
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))  # tests/postgres.py and tests/tcp_proxy.py, for --postgres
+from tests.postgres import PostgresServer  # noqa: E402
+from tests.tcp_proxy import TcpProxy  # noqa: E402
+
 FIXTURES = HERE.parent / "agent" / "fixtures" / "host-fixtures.json"
 FIXTURE_HOST = "dgx-h100-01"
 
@@ -111,6 +148,21 @@ RECONCILE_INTERVAL_S = 0.5
 MIN_LIFETIME_S = 1.0  # a reservation is ended no sooner than this after its creation
 RETRIES = 3  # an in-doubt request is sent again with the same body at most this many times
 STOP_TIMEOUT_S = 15.0
+# --postgres: a 503 (the database away) or no answer is in doubt; it is sent again, to any
+# replica, after Retry-After (at most PG_RETRY_AFTER_S), this many times at most.
+PG_RETRIES = 30
+PG_RETRY_AFTER_S = 0.5
+PG_READY_AGAIN_S = 20.0  # every replica serves again within this after a fault (F1)
+# A durable server: the tests' defaults turn fsync and synchronous_commit off, which loses
+# commits on `pg_ctl stop -m immediate` by design.
+PG_SETTINGS = ("listen_addresses=127.0.0.1", "max_connections=200")
+FAULTS = ("kill -9", "restart -m fast", "restart -m immediate", "cut")
+FAULT_NAMES = {
+    "kill -9": "kill -9 of a replica, restarted",
+    "restart -m fast": "pg_ctl restart -m fast",
+    "restart -m immediate": "pg_ctl restart -m immediate",
+    "cut": "a replica cut from the database (TCP proxy), restored",
+}
 
 LIVE = ("pending", "placed", "active")  # counted against quota
 HELD = ("placed", "active")  # holding bookings on a node
@@ -136,6 +188,8 @@ class Ledger:
     writes: Counter[str] = field(default_factory=Counter)
     in_doubt: Counter[str] = field(default_factory=Counter)
     refused: Counter[str] = field(default_factory=Counter)  # "op CODE"
+    unavailable: Counter[str] = field(default_factory=Counter)  # --postgres: 503s, retried
+    slowest_s: float = 0.0  # the longest a mutation waited for an answer (seen by the client)
     created_states: Counter[str] = field(default_factory=Counter)
     pools: set[str] = field(default_factory=set)
     offers: set[tuple[str, str]] = field(default_factory=set)
@@ -190,6 +244,11 @@ class Options:
     max_seconds: float = 600.0  # the whole run
     max_ops: int = 100_000  # per client
     workdir: Path | None = None
+    postgres: bool = False  # the PostgreSQL mode: replicas and database faults
+    replicas: int = 3
+    # --postgres: called with the database's URL and the final ledger once the replicas have
+    # stopped, before the server does (a test copies the database to damage it).
+    at_end: Callable[[PostgresServer, str, Ledger], None] | None = None
 
 
 @dataclass
@@ -205,6 +264,17 @@ class Audit:
 
 
 @dataclass
+class FaultStats:
+    """--postgres: one fault kind's count, what it met and what its audits found."""
+
+    count: int = 0
+    in_flight: int = 0
+    recovery_s: list[float] = field(default_factory=list)  # until every replica serves again
+    checks: int = 0
+    violations: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Result:
     seed: int
     rounds: int
@@ -214,6 +284,7 @@ class Result:
     restarts_s: list[float]
     in_flight_at_kill: list[int]
     server_errors: list[str]
+    faults: dict[str, FaultStats] = field(default_factory=dict)  # --postgres only
 
     @property
     def checks(self) -> int:
@@ -287,6 +358,36 @@ class Daemon:
         return code
 
 
+class Replica(Daemon):
+    """--postgres: one `serve --db postgresql://…` replica; all share one root token file."""
+
+    def __init__(self, workdir: Path, n: int, db_url: str) -> None:
+        super().__init__(workdir, bench_api.free_port())
+        self.n = n
+        self.db_url = db_url
+        self.log = workdir / f"replica{n}.log"
+
+    def spawn(self) -> None:
+        argv = [
+            bench_api.daemon_executable(),
+            "serve",
+            "--db",
+            self.db_url,
+            "--listen",
+            f"{HOST}:{self.port}",
+            "--root-token-file",
+            str(self.token_file),
+            "--reconcile-interval",
+            str(RECONCILE_INTERVAL_S),
+            "--log-format",
+            "json",
+        ]
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+            )
+
+
 # --- HTTP -----------------------------------------------------------------------------------------
 
 
@@ -294,17 +395,26 @@ async def post(
     session: aiohttp.ClientSession, base: str, path: str, token: str | None, body: dict[str, Any]
 ) -> tuple[int | None, Any]:
     """POST /api/<path>: (status, decoded answer), or (None, None) when no answer came."""
+    status, answer, _ = await post_full(session, base, path, token, body)
+    return status, answer
+
+
+async def post_full(
+    session: aiohttp.ClientSession, base: str, path: str, token: str | None, body: dict[str, Any]
+) -> tuple[int | None, Any, str | None]:
+    """As post, with the answer's Retry-After header (None when absent or no answer)."""
     try:
         async with session.post(
             f"{base}/api/{path}", data=bench_api.encode(body), headers=bench_api.headers(token)
         ) as resp:
             payload = await resp.read()
+            retry_after = resp.headers.get("Retry-After")
             try:
-                return resp.status, json.loads(payload)
+                return resp.status, json.loads(payload), retry_after
             except ValueError:
-                return resp.status, None
+                return resp.status, None, retry_after
     except (aiohttp.ClientError, OSError, TimeoutError):
-        return None, None
+        return None, None, None
 
 
 def agent_executable() -> str:
@@ -461,6 +571,9 @@ class Harness:
     session: aiohttp.ClientSession
     options: Options
     deadline: float
+    urls: list[str] = field(default_factory=list)  # --postgres: every replica's
+    pick: random.Random = field(default_factory=random.Random)  # which replica a request goes to
+    answered_at: dict[str, float] = field(default_factory=dict)  # url -> its latest HTTP 200
     up: asyncio.Event = field(default_factory=asyncio.Event)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     in_flight: int = 0
@@ -476,12 +589,24 @@ class Harness:
                 await asyncio.wait_for(self.up.wait(), 0.5)
         return self.running()
 
-    async def send(self, path: str, token: str, body: dict[str, Any]) -> tuple[int | None, Any]:
+    def target(self) -> str:
+        """The daemon to send to: the one, or (--postgres) any replica, spread at random."""
+        return self.pick.choice(self.urls) if len(self.urls) > 1 else self.daemon.url
+
+    async def send(
+        self, path: str, token: str, body: dict[str, Any]
+    ) -> tuple[int | None, Any, str | None]:
         self.in_flight += 1
+        sent, url = time.monotonic(), self.target()
         try:
-            return await post(self.session, self.daemon.url, f"compute/{path}", token, body)
+            answer = await post_full(self.session, url, f"compute/{path}", token, body)
         finally:
             self.in_flight -= 1
+        if answer[0] is not None:
+            self.ledger.slowest_s = max(self.ledger.slowest_s, time.monotonic() - sent)
+        if answer[0] == 200:
+            self.answered_at[url] = time.monotonic()
+        return answer
 
 
 def plan(h: Harness, idx: int, n: int, rng: random.Random, live: dict[str, float]) -> Plan | None:
@@ -611,7 +736,31 @@ async def client(h: Harness, idx: int) -> None:
         if current is None:
             await asyncio.sleep(0)
             continue
-        status, answer = await h.send(current.op, current.token, current.body)
+        status, answer, retry_after = await h.send(current.op, current.token, current.body)
+        if h.options.postgres and (status is None or status == 503):
+            # Not acknowledged: sent again later with the same body, to any replica.
+            code = answer.get("error", {}).get("code") if isinstance(answer, dict) else None
+            if status is None:
+                h.ledger.in_doubt[current.op] += 1
+                pause = rng.uniform(0.02, 0.1)
+            else:
+                h.ledger.unavailable[f"{current.op} {code}"] += 1
+                if code != "UNAVAILABLE" or retry_after is None:
+                    h.server_errors.append(
+                        f"{current.op} {current.body} -> HTTP 503 {code} Retry-After "
+                        f"{retry_after}: {answer}"
+                    )
+                try:
+                    pause = min(float(retry_after or 0), PG_RETRY_AFTER_S)
+                except ValueError:
+                    pause = PG_RETRY_AFTER_S
+                pause *= rng.uniform(0.5, 1.0)
+            if current.tries < PG_RETRIES:
+                current.tries += 1
+                retry = current
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(h.stop.wait(), pause)
+            continue
         if status is None:
             h.ledger.in_doubt[current.op] += 1
             if current.tries < RETRIES:
@@ -634,9 +783,7 @@ async def reporter(h: Harness) -> None:
     while await h.wait_up():
         for node in h.world.nodes:
             body = {"nodeId": node.node_id, "inventory": node.inventory}
-            status, _ = await post(
-                h.session, h.daemon.url, "compute/nodes/report", node.token, body
-            )
+            status, _ = await post(h.session, h.target(), "compute/nodes/report", node.token, body)
             h.ledger.reports += status == 200
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(h.stop.wait(), REPORT_EVERY_S)
@@ -649,44 +796,164 @@ def _fetch(db: sqlite3.Connection, sql: str) -> list[tuple[Any, ...]]:
     return list(db.execute(sql).fetchall())
 
 
+@dataclass
+class Snapshot:
+    """The rows one audit reads, in one read transaction; ``integrity`` lists what is broken."""
+
+    integrity: list[str]
+    events: list[tuple[Any, ...]]
+    pools: set[str]
+    offers: set[tuple[Any, ...]]
+    quotas: list[tuple[Any, ...]]
+    reservations: dict[str, tuple[Any, ...]]
+    holding: set[str]
+    bookings: list[tuple[Any, ...]]
+    node_rows: list[tuple[Any, ...]]
+    devices: list[tuple[Any, ...]]
+
+
+SELECT_EVENTS = "SELECT seq, type, pool_id, data FROM events ORDER BY seq"
+SELECT_POOLS = "SELECT id FROM pools"
+SELECT_OFFERS = "SELECT pool_id, to_tenant_id FROM pool_offers"
+SELECT_QUOTAS = "SELECT pool_id, tenant_id, resource, max, used FROM quotas"
+SELECT_RESERVATIONS = "SELECT id, tenant_id, pool_id, resources, state, node_id FROM reservations"
+# D7: an ended reservation holds its bookings until its host confirms the release.
+SELECT_HOLDING = (
+    "SELECT id FROM reservations WHERE state IN ('placed', 'active') "
+    "OR delivery_state IN ('releasing', 'release-blocked')"
+)
+SELECT_BOOKINGS = "SELECT reservation_id, node_id, resource, amount FROM bookings"
+SELECT_NODE_ROWS = "SELECT node_id, resource, capacity, allocated FROM node_resources"
+SELECT_DEVICES = "SELECT node_id, device_id, resource, allocated, reservation_id FROM node_devices"
+
+
 def audit(db_path: Path, acked: Ledger, where: str) -> Audit:
     """Every invariant and every acknowledged write, read from the file in one read transaction."""
-    result = Audit(where)
     db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, isolation_level=None, timeout=10)
     try:
         db.execute("BEGIN")
         integrity = _fetch(db, "PRAGMA integrity_check")
         foreign = _fetch(db, "PRAGMA foreign_key_check")
-        events = _fetch(db, "SELECT seq, type, pool_id, data FROM events ORDER BY seq")
-        pools = {r[0] for r in _fetch(db, "SELECT id FROM pools")}
-        offers = set(_fetch(db, "SELECT pool_id, to_tenant_id FROM pool_offers"))
-        quotas = _fetch(db, "SELECT pool_id, tenant_id, resource, max, used FROM quotas")
-        reservations = {
-            r[0]: r[1:]
-            for r in _fetch(
-                db, "SELECT id, tenant_id, pool_id, resources, state, node_id FROM reservations"
-            )
-        }
-        # D7: an ended reservation holds its bookings until its host confirms the release.
-        holding = {
-            r[0]
-            for r in _fetch(
-                db,
-                "SELECT id FROM reservations WHERE state IN ('placed', 'active') "
-                "OR delivery_state IN ('releasing', 'release-blocked')",
-            )
-        }
-        bookings = _fetch(db, "SELECT reservation_id, node_id, resource, amount FROM bookings")
-        node_rows = _fetch(db, "SELECT node_id, resource, capacity, allocated FROM node_resources")
-        devices = _fetch(
-            db, "SELECT node_id, device_id, resource, allocated, reservation_id FROM node_devices"
+        snapshot = Snapshot(
+            integrity=[],
+            events=_fetch(db, SELECT_EVENTS),
+            pools={r[0] for r in _fetch(db, SELECT_POOLS)},
+            offers=set(_fetch(db, SELECT_OFFERS)),
+            quotas=_fetch(db, SELECT_QUOTAS),
+            reservations={r[0]: r[1:] for r in _fetch(db, SELECT_RESERVATIONS)},
+            holding={r[0] for r in _fetch(db, SELECT_HOLDING)},
+            bookings=_fetch(db, SELECT_BOOKINGS),
+            node_rows=_fetch(db, SELECT_NODE_ROWS),
+            devices=_fetch(db, SELECT_DEVICES),
         )
         db.execute("COMMIT")
     finally:
         db.close()
+    if integrity != [("ok",)]:
+        snapshot.integrity.append(f"PRAGMA integrity_check: {integrity[:5]}")
+    if foreign:
+        snapshot.integrity.append(f"PRAGMA foreign_key_check: {foreign[:5]}")
+    return check_snapshot(snapshot, acked, where, ["integrity_check", "foreign_key_check"])
 
-    result.check(integrity == [("ok",)], f"PRAGMA integrity_check: {integrity[:5]}")
-    result.check(not foreign, f"PRAGMA foreign_key_check: {foreign[:5]}")
+
+# Each reference PostgreSQL's rows carry (child table, column, parent table, key): an anti-join
+# finds the rows whose parent is missing. Declared foreign keys hold by construction; the check
+# is cheap and covers node_devices.reservation_id, which no constraint declares.
+REFERENCES = (
+    ("credentials", "tenant_id", "tenants", "id"),
+    ("sites", "owner_tenant_id", "tenants", "id"),
+    ("pools", "owner_tenant_id", "tenants", "id"),
+    ("pools", "site_id", "sites", "id"),
+    ("pool_offers", "pool_id", "pools", "id"),
+    ("pool_offers", "to_tenant_id", "tenants", "id"),
+    ("quotas", "pool_id", "pools", "id"),
+    ("quotas", "tenant_id", "tenants", "id"),
+    ("nodes", "pool_id", "pools", "id"),
+    ("node_resources", "node_id", "nodes", "id"),
+    ("node_devices", "node_id", "nodes", "id"),
+    ("node_devices", "reservation_id", "reservations", "id"),
+    ("event_audience", "seq", "events", "seq"),
+    ("reservations", "tenant_id", "tenants", "id"),
+    ("reservations", "pool_id", "pools", "id"),
+    ("reservations", "node_id", "nodes", "id"),
+    ("bookings", "reservation_id", "reservations", "id"),
+    ("bookings", "node_id", "nodes", "id"),
+)
+
+
+def audit_postgres(url: str, acked: Ledger, where: str) -> Audit:
+    """The same audit on PostgreSQL: one REPEATABLE READ (snapshot) read-only transaction.
+
+    SQLite's pragmas have no cheap PostgreSQL equivalent; instead: no index is invalid, no
+    foreign key is left unvalidated, and no row's reference dangles (REFERENCES, anti-joins).
+    ``acked`` must be taken before this is called: every write it holds committed before the
+    transaction's snapshot.
+    """
+    with psycopg.connect(url, connect_timeout=10) as db:
+        db.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        db.read_only = True
+
+        def fetch(query: str) -> list[tuple[Any, ...]]:
+            return list(db.execute(query).fetchall())
+
+        with db.transaction():
+            events = fetch(SELECT_EVENTS)  # the first statement takes the snapshot
+            integrity = [
+                f"invalid index {r[0]}"
+                for r in fetch(
+                    "SELECT indexrelid::regclass::text FROM pg_index WHERE NOT indisvalid"
+                )
+            ]
+            integrity += [
+                f"foreign key {r[0]} not validated"
+                for r in fetch(
+                    "SELECT conname FROM pg_constraint WHERE contype = 'f' AND NOT convalidated"
+                )
+            ]
+            for child, column, parent, key in REFERENCES:
+                (orphans,) = fetch(
+                    f"SELECT count(*) FROM {child} c WHERE c.{column} IS NOT NULL AND NOT EXISTS "
+                    f"(SELECT 1 FROM {parent} p WHERE p.{key} = c.{column})"
+                )[0]
+                if orphans:
+                    integrity.append(f"{orphans} {child} rows whose {column} is not in {parent}")
+            snapshot = Snapshot(
+                integrity=integrity,
+                events=events,
+                pools={r[0] for r in fetch(SELECT_POOLS)},
+                offers=set(fetch(SELECT_OFFERS)),
+                quotas=fetch(SELECT_QUOTAS),
+                reservations={r[0]: r[1:] for r in fetch(SELECT_RESERVATIONS)},
+                holding={r[0] for r in fetch(SELECT_HOLDING)},
+                bookings=fetch(SELECT_BOOKINGS),
+                node_rows=fetch(SELECT_NODE_ROWS),
+                devices=fetch(SELECT_DEVICES),
+            )
+    return check_snapshot(snapshot, acked, where, ["indexes", "constraints", *REFERENCES])
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def check_snapshot(snapshot: Snapshot, acked: Ledger, where: str, integrity: list[Any]) -> Audit:
+    """Every invariant and every acknowledged write against one snapshot's rows."""
+    result = Audit(where)
+    for broken in snapshot.integrity:
+        result.check(False, broken)
+    result.checks += len(integrity) - len(snapshot.integrity)
+    events, pools, offers, quotas = (
+        snapshot.events,
+        snapshot.pools,
+        snapshot.offers,
+        snapshot.quotas,
+    )
+    reservations, holding, bookings = (
+        snapshot.reservations,
+        snapshot.holding,
+        snapshot.bookings,
+    )
+    node_rows, devices = snapshot.node_rows, snapshot.devices
     seqs = [e[0] for e in events]
     result.check(
         seqs == list(range(1, len(seqs) + 1)),
@@ -699,7 +966,7 @@ def audit(db_path: Path, acked: Ledger, where: str) -> Audit:
     quota_updates: set[tuple[str, str, int]] = set()
     res_events: defaultdict[str, set[str]] = defaultdict(set)
     for _, kind, pool_id, data_text in events:
-        data = json.loads(data_text)
+        data = _json(data_text)
         if kind == "pool.created":
             created_pools.add(pool_id)
         elif kind == "pool.offered":
@@ -715,7 +982,7 @@ def audit(db_path: Path, acked: Ledger, where: str) -> Audit:
     live_sum: Counter[tuple[str, str, str]] = Counter()
     asked_of: dict[str, dict[str, int]] = {}
     for rid, (tenant, pool_id, resources_text, state, _) in reservations.items():
-        asked_of[rid] = json.loads(resources_text)
+        asked_of[rid] = _json(resources_text)
         if state in LIVE:
             for resource, amount in asked_of[rid].items():
                 live_sum[(pool_id, tenant, resource)] += amount
@@ -958,13 +1225,188 @@ async def crash_rounds(options: Options, workdir: Path, out: TextIO | None) -> R
     )
 
 
+async def ready_again(h: Harness, replicas: list[Replica], since: float) -> list[str]:
+    """Wait (bounded) until every replica serves again (F1): its /readyz answers 200 and it
+    has acknowledged a client's write since ``since`` (the fault's end); the ones that do not."""
+    deadline = time.monotonic() + PG_READY_AGAIN_S
+    waiting = list(replicas)
+    while waiting and time.monotonic() < deadline:
+        for replica in list(waiting):
+            if h.answered_at.get(replica.url, -math.inf) <= since:
+                continue
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                async with h.session.get(f"{replica.url}/readyz") as resp:
+                    await resp.read()
+                    if resp.status == 200:
+                        waiting.remove(replica)
+        if waiting:
+            await asyncio.sleep(0.05)
+    return [
+        f"replica {r.n} not serving {PG_READY_AGAIN_S:.0f} s after the fault "
+        f"(readyz 200 and a write acknowledged; {r.log})"
+        for r in waiting
+    ]
+
+
+async def postgres_fault(
+    kind: str,
+    h: Harness,
+    server: PostgresServer,
+    replicas: list[Replica],
+    proxies: list[TcpProxy],
+    rng: random.Random,
+) -> str:
+    """One fault under load, until it is over (every replica's database is back); what it was."""
+    if kind == "kill -9":
+        replica = rng.choice(replicas)
+        replica.kill9()
+        await asyncio.to_thread(replica.reap)
+        await asyncio.sleep(rng.uniform(0.1, 0.5))  # the others serve meanwhile
+        await replica.start(h.session)
+        return f"replica {replica.n} killed and restarted"
+    if kind in ("restart -m fast", "restart -m immediate"):
+        mode = kind.rsplit(" ", 1)[-1]
+        down_for = rng.uniform(0.2, 1.0)
+        await asyncio.to_thread(server.restart, mode, down_for)
+        return f"PostgreSQL stopped -m {mode}, down {down_for:.2f} s, started"
+    n = rng.randrange(len(replicas))
+    cut_for = rng.uniform(1.0, 2.0)
+    proxies[n].cut()
+    await asyncio.sleep(cut_for)
+    proxies[n].restore()
+    return f"replica {n} cut from the database for {cut_for:.2f} s"
+
+
+async def postgres_rounds(options: Options, workdir: Path, out: TextIO | None) -> Result:
+    """--postgres: replicas on one durable PostgreSQL server, the four fault kinds in turn."""
+    started = time.monotonic()
+    rng = random.Random(f"{options.seed}/main")
+    server = PostgresServer(settings=PG_SETTINGS)
+    await asyncio.to_thread(server.start)
+    proxies: list[TcpProxy] = []
+    replicas: list[Replica] = []
+    audits: list[Audit] = []
+    faults = {kind: FaultStats() for kind in FAULTS}
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    connector = aiohttp.TCPConnector(limit=options.clients + 4 * options.replicas)
+    try:
+        url = await asyncio.to_thread(server.new_database)
+        dbname = url.rsplit("/", 1)[-1]
+        for n in range(options.replicas):  # each replica reaches the database by its own proxy
+            proxy = TcpProxy("127.0.0.1", server.port)
+            await proxy.start()
+            proxies.append(proxy)
+            db_url = f"postgresql://postgres@127.0.0.1:{proxy.port}/{dbname}"
+            replicas.append(Replica(workdir, n, db_url))
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            try:
+                await replicas[0].start(session)  # it bootstraps root and writes its token
+                await asyncio.gather(*(r.start(session) for r in replicas[1:]))
+                world, ledger = await setup(session, replicas[0], rng)
+                say(
+                    out,
+                    f"crash --postgres: seed {options.seed}, {options.clients} clients, "
+                    f"{options.replicas} replicas, {options.rounds} rounds of {len(FAULTS)} "
+                    f"faults, {len(world.nodes)} nodes in {len(world.placement_pools)} pools, "
+                    f"{len(TENANTS)} tenants; {url}",
+                )
+                h = Harness(
+                    world=world,
+                    ledger=ledger,
+                    daemon=replicas[0],
+                    session=session,
+                    options=options,
+                    deadline=started + options.max_seconds,
+                    urls=[r.url for r in replicas],
+                    pick=random.Random(f"{options.seed}/targets"),
+                )
+                h.up.set()  # the clients never pause: every fault meets requests in flight
+                tasks = [asyncio.create_task(client(h, i)) for i in range(options.clients)]
+                tasks.append(asyncio.create_task(reporter(h)))
+                try:
+                    number = 0
+                    for round_ in range(1, options.rounds + 1):
+                        for kind in FAULTS:
+                            if not h.running():
+                                break
+                            number += 1
+                            await asyncio.sleep(rng.uniform(options.min_up_s, options.max_up_s))
+                            stats = faults[kind]
+                            stats.count += 1
+                            flying = h.in_flight
+                            stats.in_flight += flying
+                            t0 = time.monotonic()
+                            try:
+                                what = await postgres_fault(kind, h, server, replicas, proxies, rng)
+                            except SetupError as exc:  # a replica that cannot start again
+                                what = f"{kind} FAILED"
+                                late = [str(exc)]
+                            else:
+                                late = []
+                            late += await ready_again(h, replicas, time.monotonic())
+                            stats.recovery_s.append(time.monotonic() - t0)
+                            late = [f"fault {number} ({kind}): {v}" for v in late]
+                            stats.violations += late
+                            h.server_errors += late
+                            acked = h.ledger.snapshot()  # before the audit's snapshot
+                            where = f"fault {number} ({kind}, round {round_})"
+                            after = await asyncio.to_thread(audit_postgres, url, acked, where)
+                            audits.append(after)
+                            stats.checks += after.checks
+                            stats.violations += after.violations
+                            say(
+                                out,
+                                f"fault {number}: {kind}, {flying} requests in flight: {what}; "
+                                f"every replica serving {stats.recovery_s[-1]:.2f} s after it; "
+                                f"{acked.total()} writes acknowledged so far; {audit_line(after)}",
+                            )
+                            for violation in (late + after.violations)[:5]:
+                                say(out, f"  VIOLATION {violation}")
+                    await asyncio.sleep(rng.uniform(options.min_up_s, options.max_up_s))
+                finally:
+                    h.stop.set()
+                    done, pending = await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 5)
+                    for task in pending:
+                        task.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    for task in done:
+                        failure = task.exception()
+                        if failure is not None:
+                            raise failure
+                codes = [await asyncio.to_thread(r.stop) for r in replicas]
+                final = await asyncio.to_thread(audit_postgres, url, h.ledger.snapshot(), "final")
+                audits.append(final)
+                say(out, f"final (SIGTERM, exits {codes}): {audit_line(final)}")
+                if options.at_end is not None:
+                    await asyncio.to_thread(options.at_end, server, url, h.ledger.snapshot())
+            finally:
+                for replica in replicas:
+                    await asyncio.to_thread(replica.stop)
+    finally:
+        for proxy in proxies:
+            await proxy.stop()
+        await asyncio.to_thread(server.stop)
+    return Result(
+        seed=options.seed,
+        rounds=min(stats.count for stats in faults.values()),
+        ledger=h.ledger,
+        audits=audits,
+        seconds=time.monotonic() - started,
+        restarts_s=[],
+        in_flight_at_kill=[],
+        server_errors=h.server_errors,
+        faults=faults,
+    )
+
+
 def run(options: Options, out: TextIO | None = None) -> Result:
     """The whole run: in options.workdir when given (kept), else in a temporary directory."""
+    rounds = postgres_rounds if options.postgres else crash_rounds
     if options.workdir is not None:
         options.workdir.mkdir(parents=True, exist_ok=True)
-        return asyncio.run(crash_rounds(options, options.workdir, out))
+        return asyncio.run(rounds(options, options.workdir, out))
     with tempfile.TemporaryDirectory(prefix="bench-crash-") as tmp:
-        return asyncio.run(crash_rounds(options, Path(tmp), out))
+        return asyncio.run(rounds(options, Path(tmp), out))
 
 
 def summary(result: Result) -> list[str]:
@@ -987,6 +1429,23 @@ def summary(result: Result) -> list[str]:
         f"violations: {len(result.violations)} (expected 0)",
         f"{result.seconds:.1f} s",
     ]
+    if result.faults:
+        lines[0] = f"faults: {sum(f.count for f in result.faults.values())}"
+        unavailable = ", ".join(f"{k} x{n}" for k, n in sorted(ledger.unavailable.items()))
+        lines.insert(3, f"unavailable (503, retried with the same body): {unavailable or 'none'}")
+        lines.insert(4, f"slowest answer to a mutation: {ledger.slowest_s:.2f} s")
+        for kind, stats in result.faults.items():
+            recovery = sorted(stats.recovery_s)
+            p50 = f"{recovery[len(recovery) // 2]:.2f} s" if recovery else "-"
+            lines.insert(
+                1 + list(result.faults).index(kind),
+                f"  {FAULT_NAMES[kind]}: {stats.count}, {stats.in_flight} requests in flight, "
+                f"serving again p50 {p50}, {stats.checks} checks, "
+                f"{len(stats.violations)} violations",
+            )
+        lines = [
+            line.replace("audits of the database file", "audits of the database") for line in lines
+        ]
     lines += [f"  VIOLATION {v}" for v in result.violations[:50]]
     return lines
 
@@ -1001,9 +1460,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=600.0, help="bound on the whole run")
     parser.add_argument("--max-ops", type=int, default=100_000, help="bound on ops per client")
     parser.add_argument("--workdir", type=Path, help="keep the database and log here")
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="replicas on one PostgreSQL server; --rounds of each fault kind",
+    )
+    parser.add_argument("--replicas", type=int, default=3, help="--postgres: serve replicas")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.clients < 1 or args.max_ops < 1:
         parser.error("--rounds, --clients and --max-ops must be at least 1")
+    if args.replicas < 2:
+        parser.error("--replicas must be at least 2")
     if not 0 < args.min_up <= args.max_up or args.max_seconds <= 0:
         parser.error("need 0 < --min-up <= --max-up and a positive --max-seconds")
     return args
@@ -1021,6 +1488,8 @@ def main(argv: list[str] | None = None) -> int:
         max_seconds=args.max_seconds,
         max_ops=args.max_ops,
         workdir=args.workdir,
+        postgres=args.postgres,
+        replicas=args.replicas,
     )
     try:
         result = run(options, sys.stdout)

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import psycopg
 import pytest
 
 CRASH = Path(__file__).resolve().parent.parent / "bench" / "crash.py"
@@ -84,3 +85,66 @@ def test_r7_the_audit_flags_a_damaged_database(
     assert "events seq not gapless" in found
     assert "used" in found
     assert f"acknowledged end of {rid}" in found
+
+
+@pytest.fixture(scope="module")
+def crashed_postgres(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModuleType, Any, list[str]]:
+    """F6: one short --postgres run, 1 round of each fault kind, 2 replicas, 3 clients; at its
+    end a copy of the database is damaged and audited (what that audit found is returned)."""
+    crash = load_crash()
+    found: list[str] = []
+
+    def damage(server: Any, url: str, ledger: Any) -> None:
+        name = url.rsplit("/", 1)[-1]
+        copy = f"{name}_damaged"
+        server.admin().execute(f'CREATE DATABASE "{copy}" TEMPLATE "{name}"')
+        rid = next(iter(ledger.ended))  # acknowledged as ended
+        with psycopg.connect(server.url(copy)) as db:
+            db.execute("SET session_replication_role = replica")  # no foreign-key triggers
+            db.execute("DELETE FROM events WHERE seq = 2")  # its audience rows now dangle
+            db.execute("UPDATE quotas SET used = used + 1 WHERE resource = 'gpu'")
+            db.execute("UPDATE reservations SET state = 'pending' WHERE id = %s", [rid])
+        found.extend(crash.audit_postgres(server.url(copy), ledger, "damaged").violations)
+        found.append(f"ended {rid}")
+
+    options = crash.Options(
+        rounds=1,
+        clients=3,
+        seed=7,
+        min_up_s=0.3,
+        max_up_s=0.8,
+        max_seconds=50.0,
+        max_ops=20_000,
+        workdir=tmp_path_factory.mktemp("crash-pg"),
+        postgres=True,
+        replicas=2,
+        at_end=damage,
+    )
+    return crash, crash.run(options), found
+
+
+def test_f6_faults_on_postgres_lose_no_acknowledged_write(
+    crashed_postgres: tuple[ModuleType, Any, list[str]],
+) -> None:
+    crash, result, _ = crashed_postgres
+    assert result.violations == [], "\n".join(crash.summary(result))
+    assert {kind: stats.count for kind, stats in result.faults.items()} == dict.fromkeys(
+        crash.FAULTS, 1
+    )
+    assert len(result.audits) == len(crash.FAULTS) + 1  # after each fault, at the end
+    ledger = result.ledger
+    assert ledger.writes["reservations/create"] > 0 and ledger.writes["reservations/end"] > 0
+    assert ledger.writes["pools/create"] > 0 and ledger.writes["quotas/set"] > 0
+    assert result.checks > 1000
+
+
+def test_f6_the_postgres_audit_flags_a_damaged_database(
+    crashed_postgres: tuple[ModuleType, Any, list[str]],
+) -> None:
+    _, _, found = crashed_postgres
+    rid = found.pop().removeprefix("ended ")
+    text = "\n".join(found)
+    assert "events seq not gapless" in text
+    assert "event_audience rows whose seq is not in events" in text
+    assert "used" in text
+    assert f"acknowledged end of {rid}" in text
