@@ -15,6 +15,10 @@ import aiohttp
 import psycopg
 import pytest
 
+from controlplane.reads.answers import AnswerCache
+from controlplane.storage.db import Store
+from controlplane.storage.db import generation as generation_of
+from shared.errors import Unavailable
 from tests.daemons import Daemon, call
 from tests.postgres import SERVER_SETTINGS, PostgresServer
 from tests.tcp_proxy import TcpProxy
@@ -163,3 +167,27 @@ async def test_f1_no_database_call_runs_on_the_event_loop(
     finally:
         daemon.kill()
         await proxy.stop()
+
+
+def test_f1_cached_answers_go_when_the_database_connection_is_replaced(
+    own_server: PostgresServer,
+) -> None:
+    """F1: after a reconnect (a restart, or a failover to a standby whose generations need not
+    be the primary's) no answer cached before it is served again."""
+    store = Store(own_server.new_database(), db_timeout=DB_TIMEOUT)
+    try:
+        cache = AnswerCache()
+        key = ("/api/compute/pools/list", "cred", b"{}")
+        generation = store.transact(lambda db: generation_of(db))
+        cache.put(key, generation, b"answer")
+        assert cache.get(key, generation) == b"answer"
+        own_server.restart("fast")
+        for _ in range(50):  # bounded: the pool reconnects within the timeout
+            try:
+                store.transact(lambda db: generation_of(db))
+                break
+            except Unavailable:
+                time.sleep(0.1)
+        assert cache.get(key, generation) is None
+    finally:
+        store.close()

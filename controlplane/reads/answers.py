@@ -8,9 +8,15 @@ answer made at generation g of its scopes for (method, credential, body) is the
 answer while they still stand at g: the same state gives the same decision and
 the same view, and a node's report keeps every pool answer. Fleet dashboards that poll a list of thousands of pools then cost one
 lookup until something changes. Bounded by total bytes, least recently used out.
+
+Every answer goes when the process has reconnected to PostgreSQL since it was made (F1): a
+failover may have put a standby behind the database, whose generations need not be the
+primary's.
 """
 
 from collections import OrderedDict
+
+from controlplane.storage.sql import reconnects
 
 MAX_BYTES = 64 * 1024 * 1024
 
@@ -23,8 +29,13 @@ class AnswerCache:
         self._bytes = 0
         self._entries: OrderedDict[Key, tuple[int, bytes]] = OrderedDict()
         self.hits = 0
+        self._reconnects = reconnects()
 
     def get(self, key: Key, generation: int) -> bytes | None:
+        if reconnects() != self._reconnects:  # F1: answers of the database as it was go
+            self._entries.clear()
+            self._bytes = 0
+            self._reconnects = reconnects()
         found = self._entries.get(key)
         if found is None or found[0] != generation:
             return None

@@ -135,6 +135,14 @@ def to_pyformat(sql: str, named: bool) -> str:
     return _NAMED.sub(r"%(\1)s", sql) if named else sql.replace("?", "%s")
 
 
+_RECONNECTS = [0]  # connections this process borrowed to replace a broken one (F1)
+
+
+def reconnects() -> int:
+    """How many times this process replaced a broken PostgreSQL connection."""
+    return _RECONNECTS[0]
+
+
 AWAY_S = 1.0  # how long a timed-out borrow makes the others answer at once (F1)
 _AWAY: dict[int, float] = {}  # per pool: until when its database is taken to be away
 
@@ -181,6 +189,7 @@ class PostgresDatabase(Database):
 
         if self.conn is not None and (self.conn.broken or self.conn.closed):
             self._give_back()
+            _RECONNECTS[0] += 1
         if self.conn is None:
             # A borrow that just waited out the timeout says the database is away: for a
             # moment every other borrow of the pool answers so at once, so no request waits
@@ -216,6 +225,7 @@ class PostgresDatabase(Database):
                 broken = conn.broken or conn.closed
                 if broken:
                     self._give_back()
+                    _RECONNECTS[0] += 1
                 if begins and broken and attempt == 1:
                     continue  # nothing was done yet: once more on a fresh connection
                 raise Unavailable(f"the database cannot be reached: {exc}") from None
