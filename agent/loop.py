@@ -15,6 +15,13 @@ then delivers and releases the spec's bookings (agent/delivery.py: D5, D7); thei
 outcomes go with every report, and a cycle whose units' or bookings' outcomes moved
 reports again at once, so a placed booking is active within two cycles (D9).
 
+A spec that asks for a file or a command this agent does not write or run (agent/trust.py,
+F3) is refused whole before anything of it is applied: the refusal is logged and reported as
+``applied: {version, refused, units: []}`` (the node's ``stateReason`` reads ``spec refused:
+…``), and the agent applies nothing until a spec it trusts comes; ``run(once=True)`` raises
+``SpecRefused``. A refusal is no fault of the agent: the watchdog is pinged as after any cycle
+that reported.
+
 Watchdog pings (R9): only a cycle that did its work is followed by pings, so a
 loop that keeps failing is restarted by systemd's watchdog rather than reported
 healthy.
@@ -34,10 +41,13 @@ from agent.apply import Applier
 from agent.client import ControlPlane, Refused, Unreachable
 from agent.delivery import Deliverer
 from agent.state import NodeCredential, State, bookings_of, check, units_of
+from agent.trust import Untrusted, check_spec
 from shared.inventory import Inventory
 from shared.sdnotify import Notifier
 
 log = structlog.get_logger("agent")
+
+REFUSAL_LENGTH = 400  # of the reason reported: the node's stateReason holds 500 with its prefix
 
 
 class JoinRefused(Exception):
@@ -46,6 +56,10 @@ class JoinRefused(Exception):
 
 class RejoinRefused(JoinRefused):
     """A host that had joined was refused a join again (or has no join token to try): retried."""
+
+
+class SpecRefused(Exception):
+    """The NodeSpec asks for what this agent does not do (F3); nothing of it was applied."""
 
 
 @dataclass(frozen=True)
@@ -154,18 +168,40 @@ class Agent:
         """Apply a spec (the kept one when the control plane is away), then deliver its
         bookings on the host ``inventory`` shows; True if either outcome moved.
 
-        Every cycle, not only on a new spec: what drifted on the host is put back.
+        Every cycle, not only on a new spec: what drifted on the host is put back. A spec
+        asking for what this agent does not do is refused whole, nothing of it applied (F3).
         """
         if self.applier is None or spec is None:
             return False
-        applied = msgspec.to_builtins(self.applier.apply(units_of(spec)))
+        units, wanted = units_of(spec), bookings_of(spec)
+        try:
+            check_spec(self.applier.root, units, wanted)
+        except Untrusted as exc:
+            return self.refuse(units.version, str(exc))
+        applied = msgspec.to_builtins(self.applier.apply(units))
         bookings = self.bookings
         if self.deliverer is not None:
-            bookings = msgspec.to_builtins(self.deliverer.deliver(bookings_of(spec), inventory))
+            bookings = msgspec.to_builtins(self.deliverer.deliver(wanted, inventory))
         if (applied, bookings) == (self.applied, self.bookings):
             return False
         self.applied, self.bookings = applied, bookings
         return True
+
+    def refuse(self, version: str, reason: str) -> bool:
+        """Report the spec refused (the bookings' last outcomes stay as they were); True if
+        that is news."""
+        refused = {"version": version, "refused": reason[:REFUSAL_LENGTH], "units": []}
+        if refused == self.applied:
+            return False
+        log.error("spec refused: nothing of it is applied", version=version, reason=reason)
+        self.applied = refused
+        return True
+
+    def refusal(self) -> str | None:
+        """Why the spec in hand was refused; None when it was not."""
+        if isinstance(self.applied, dict) and isinstance(self.applied.get("refused"), str):
+            return str(self.applied["refused"])
+        return None
 
     def apply_kept(self) -> bool:
         """Apply the kept spec while the control plane is away; False if that failed."""
@@ -176,12 +212,19 @@ class Agent:
             return False
         return True
 
-    def pause(self, stop: threading.Event, seconds: float, trouble: str | None = None) -> None:
+    def pause(
+        self,
+        stop: threading.Event,
+        seconds: float,
+        trouble: str | None = None,
+        note: str | None = None,
+    ) -> None:
         """Wait between cycles; READY=1 after the first, STATUS when it changes.
 
-        ``trouble`` says why the cycle did not work; None when it did.
+        ``trouble`` says why the cycle did not work; None when it did. ``note``: what a cycle
+        that worked has to say instead of the usual status.
         """
-        status = f"reporting to {self.settings.controlplane}" if trouble is None else trouble
+        status = trouble or note or f"reporting to {self.settings.controlplane}"
         if not self.announced:
             self.notifier.ready(status=status)
             self.announced = True
@@ -196,7 +239,8 @@ class Agent:
             stop.wait(seconds)
 
     def run(self, stop: threading.Event, once: bool = False) -> None:
-        """Cycle until ``stop`` is set (or once); a first JoinRefused and, with ``once``, errors escape."""
+        """Cycle until ``stop`` is set (or once); a first JoinRefused and, with ``once``, errors
+        and SpecRefused escape."""
         self.state.prepare()
         while not stop.is_set():
             try:
@@ -242,7 +286,11 @@ class Agent:
                 continue
             self.failures = 0
             self.rejoin_failures = 0
+            refusal = self.refusal()
             if once:
+                if refusal is not None:
+                    raise SpecRefused(refusal)
                 return
-            self.pause(stop, self.settings.interval)
+            note = None if refusal is None else f"spec refused: {refusal}"
+            self.pause(stop, self.settings.interval, note=note)
         self.notifier.stopping()

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 import msgspec
+import structlog
 
 from agent.apply import RECORD, Applier, RecordingRunner, runner_for
 from agent.client import ControlPlane, ControlPlaneError
@@ -23,9 +24,10 @@ from agent.inventory import (
     compute_processes,
 )
 from agent.inventory.nvml.api import load_pynvml
-from agent.loop import Agent, JoinRefused, Settings
+from agent.loop import Agent, JoinRefused, Settings, SpecRefused
 from agent.plan import describe, for_people, read_host, write_tree
 from agent.state import State, bookings_of, units_of
+from agent.trust import Untrusted, check_spec, plain_http_off_loopback
 from shared.errors import InvalidInput
 from shared.files import atomic_write
 from shared.gpu import with_families
@@ -36,6 +38,8 @@ from shared.policy import FIELD_VALIDATORS, validate_policy
 from shared.policy.model import policy_warnings
 from shared.render import render as render_spec
 from shared.sdnotify import Notifier
+
+log = structlog.get_logger("agent")
 
 fixture_option = click.option(
     "--fixture",
@@ -76,6 +80,12 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
 
 @cli.command()
 @click.option("--controlplane", required=True, help="The control plane's URL.")
+@click.option(
+    "--insecure-http",
+    is_flag=True,
+    help="Take a plain-HTTP control plane that is not on loopback: the node token and every "
+    "NodeSpec then cross the network unencrypted and unauthenticated.",
+)
 @click.option(
     "--ca-file",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -130,11 +140,17 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
     help="Seconds a booking's release may take (its slice stopped, no compute process left on "
     "its GPUs) before it is reported release-blocked with the pids still there (D7).",
 )
-@click.option("--once", is_flag=True, help="One cycle, then exit.")
+@click.option(
+    "--once",
+    is_flag=True,
+    help="One cycle, then exit; non-zero when the control plane is away or refuses this host, "
+    "or its NodeSpec asks for what this agent does not do (nothing of it applied).",
+)
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
 def run(
     controlplane: str,
+    insecure_http: bool,
     ca_file: Path | None,
     join_token_file: Path,
     state_dir: Path,
@@ -152,11 +168,23 @@ def run(
     as_json: bool,
 ) -> None:
     """Join the pool once, then report inventory, apply the NodeSpec and deliver its bookings
-    every interval."""
+    every interval. A NodeSpec asking for a file or a command this agent does not write or
+    run is refused whole, and reported so (F3)."""
+    off_loopback = plain_http_off_loopback(controlplane)
+    if off_loopback and not insecure_http:  # F3: before anything, the join token included
+        click.echo(
+            f"better-compute-agent: refusing the plain-HTTP control plane {controlplane}: it is "
+            "not on loopback, so the node token and every NodeSpec would cross the network "
+            "unprotected; use https:// (with --ca-file for a private CA) or pass --insecure-http",
+            err=True,
+        )
+        sys.exit(2)
     configure_logging(
         json=None if log_format == "auto" else log_format == "json",
         stream=sys.stderr if dry_run else sys.stdout,  # a dry run's stdout is its plan
     )
+    if off_loopback:
+        log.warning("plain HTTP off loopback, as --insecure-http allows", controlplane=controlplane)
     settings = Settings(
         controlplane=controlplane,
         join_token_file=join_token_file,
@@ -205,6 +233,9 @@ def run(
     except JoinRefused as exc:
         click.echo(f"better-compute-agent: the control plane refused this host: {exc}", err=True)
         sys.exit(2)
+    except SpecRefused as exc:
+        click.echo(f"better-compute-agent: spec refused: {exc}", err=True)
+        sys.exit(1)
     except ControlPlaneError as exc:
         click.echo(f"better-compute-agent: {exc}", err=True)
         sys.exit(1)
@@ -234,6 +265,11 @@ def _plan_kept_spec(
         click.echo("better-compute-agent: no NodeSpec fetched yet: nothing to plan", err=True)
         return
     spec = units_of(kept)
+    try:
+        check_spec(root, spec, bookings_of(kept))
+    except Untrusted as exc:  # the plan of a spec the agent would not apply: its refusal
+        click.echo(f"better-compute-agent: spec refused: {exc}", err=True)
+        sys.exit(1)
     inventory = take_inventory()
     bookings = deliverer.plan(bookings_of(kept), inventory)
     host = read_host(spec, root, inventory, state.directory / RECORD, bookings)

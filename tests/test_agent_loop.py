@@ -24,7 +24,7 @@ from tests.nodes import recorded
 SPEC = {
     "version": "s1",
     "reboot": False,
-    "units": [{"id": "f", "kind": "file", "path": "/etc/bc.conf", "content": "x\n"}],
+    "units": [{"id": "f", "kind": "file", "path": "/etc/sysctl.d/bc.conf", "content": "x\n"}],
 }
 
 
@@ -144,7 +144,7 @@ def test_the_last_spec_is_applied_while_the_control_plane_is_away(tmp_path: Path
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
     loop.run(stop)
-    assert (tmp_path / "root/etc/bc.conf").read_text() == "x\n"
+    assert (tmp_path / "root/etc/sysctl.d/bc.conf").read_text() == "x\n"
 
 
 def test_a_spec_it_cannot_read_does_not_stop_the_agent(tmp_path: Path) -> None:
@@ -171,7 +171,7 @@ def test_a_kept_spec_it_cannot_read_is_moved_aside_and_fetched_again(tmp_path: P
         moved = [e for e in logs if e["event"] == "damaged state file moved aside"]
         assert len(moved) == 1, logs
         assert state.spec() == SPEC
-        assert (tmp_path / "root/etc/bc.conf").read_text() == "x\n"
+        assert (tmp_path / "root/etc/sysctl.d/bc.conf").read_text() == "x\n"
         for aside in (tmp_path / "state").glob("spec.json.damaged-*"):
             aside.unlink()
     loop, state = agent(tmp_path / "odd", OddControlPlane())
@@ -199,7 +199,7 @@ def test_a_damaged_apply_record_is_moved_aside_and_applying_goes_on(tmp_path: Pa
     state.save_spec(SPEC)
     (tmp_path / "state/applied.json").write_text('{"f": {"kind": "fi')
     run_for(loop)
-    assert (tmp_path / "root/etc/bc.conf").read_text() == "x\n"
+    assert (tmp_path / "root/etc/sysctl.d/bc.conf").read_text() == "x\n"
     assert len(list((tmp_path / "state").glob("applied.json.damaged-*"))) == 1
     assert json.loads((tmp_path / "state/applied.json").read_text())["f"]["kind"] == "file"
 

@@ -352,7 +352,8 @@ def test_only_its_own_bookings_files_are_ever_touched(tmp_path: Path) -> None:
     """D8: a slice and environment file the agent did not write, for a reservation not in its
     bookings, are left alone; a booking it delivered that left the spec is released (stopped,
     files removed) without a report; no slice is written for anything outside the spec; an id
-    that is no reservation id names no file."""
+    that is no reservation id names no file (the agent refuses such a spec whole before it
+    comes here: the deliverer drops the booking all the same)."""
     host = Host(tmp_path, spec("s1", booking(gpus=[GPU0]), booking(RES_B, gpus=[GPU1])))
     stray_slice, stray_env = host.slice(RES_STRAY), host.env(RES_STRAY)
     other = host.root / SLICES / "tenant-own.slice"
@@ -360,8 +361,13 @@ def test_only_its_own_bookings_files_are_ever_touched(tmp_path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("not the agent's\n")
     host.cycle()
-    host.serve(spec("s2", booking(gpus=[GPU0]), booking("../../etc/passwd", gpus=[GPU1])))
+    host.serve(spec("s2", booking(gpus=[GPU0])))
     assert host.cycle() == [delivered()]
+    elsewhere = Host(tmp_path / "elsewhere", spec("s1"))
+    assert elsewhere.agent.deliverer is not None
+    odd = Booking(reservation_id="../../etc/passwd", gpus=[GPU1])
+    assert elsewhere.agent.deliverer.deliver([odd], H100) == []
+    assert not elsewhere.root.exists()
     assert not host.slice(RES_B).exists() and not host.env(RES_B).exists()
     assert ["systemctl", "stop", f"better-compute-{RES_B}.slice"] in host.commands()
     assert sorted(p.name for p in (host.root / SLICES).iterdir()) == sorted(

@@ -1,4 +1,6 @@
-"""The systemd units: `systemd-analyze verify` is clean, the exposure scores hold, the flags exist.
+"""The systemd units: `systemd-analyze verify` is clean, the flags exist, the command lines parse.
+
+Their exposure scores and the agent's confinement: tests/test_systemd_hardening.py.
 
 `systemd-analyze` runs here without a running systemd (as in a container):
 `verify` and `security --offline=yes` read unit files only. The units name
@@ -21,10 +23,6 @@ UNITS = Path(__file__).resolve().parent.parent / "systemd"
 SCRIPTS = Path(sys.executable).parent
 CONTROLPLANE = "better-compute-controlplane.service"
 AGENT = "better-compute-agent.service"
-
-# Measured with systemd 252 (see systemd/README.md), with room for the small
-# differences between systemd versions; losing a block of hardening breaks them.
-EXPOSURE_LIMITS = {CONTROLPLANE: 1.5, AGENT: 5.0}
 
 
 def systemd_analyze(*args: str) -> subprocess.CompletedProcess[str]:
@@ -92,15 +90,6 @@ def test_verify_catches_a_mistake(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("unit", [CONTROLPLANE, AGENT])
-def test_security_exposure(tmp_path: Path, unit: str) -> None:
-    """`systemd-analyze security --offline=yes` rates the unit no worse than measured."""
-    done = systemd_analyze("security", "--offline=yes", str(installed_copy(tmp_path, unit)))
-    match = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", done.stdout)
-    assert match is not None, done.stdout + done.stderr
-    assert float(match[1]) <= EXPOSURE_LIMITS[unit], done.stdout
-
-
-@pytest.mark.parametrize("unit", [CONTROLPLANE, AGENT])
 def test_notify_watchdog_restart(unit: str) -> None:
     """Both daemons are Type=notify with a watchdog, restart on failure and keep state."""
     found = directives(unit)
@@ -151,8 +140,8 @@ def test_agent_keeps_what_applying_needs() -> None:
     # ProtectClock= would close every device but the RTC on older systemd.
     assert "ProtectClock" not in found and "DevicePolicy" not in found
     assert "@module" in found["SystemCallFilter"][0]
-    assert "CAP_SYS_MODULE" not in found["CapabilityBoundingSet"][0]
-    assert "/etc" in found["ReadWritePaths"][0].split()
+    assert "CAP_SYS_MODULE" in found["CapabilityBoundingSet"][0].split()
+    assert "/etc/modprobe.d" in found["ReadWritePaths"][0].split()
 
 
 def test_controlplane_command_line_parses() -> None:

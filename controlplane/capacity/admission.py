@@ -16,6 +16,7 @@ from shared.inventory import HugepagePool, Inventory
 
 READY, CONFIGURING, QUARANTINED, LOST = "ready", "configuring", "quarantined", "lost"
 CLEAN = frozenset({"applied", "unchanged", "waiting-drain"})  # a unit's outcome that is no fault
+REFUSED_REASON = 500  # characters of a "spec refused: …" stateReason
 
 
 def _settled_pages(pool: HugepagePool | None) -> HugepagePool | None:
@@ -132,7 +133,10 @@ def configured(
     unchanged (no failed, no pending-reboot; a drain-gated unit waiting for its GPUs to be
     idle is no fault, H4). Then ready. Later, a failed unit makes the node configuring again
     with the failed ids as the reason; a unit that needs a reboot leaves a ready node ready
-    with ``pending_reboot``; a new spec not yet reported keeps a ready node ready.
+    with ``pending_reboot``; a new spec not yet reported keeps a ready node ready. An agent
+    that refused the current spec whole (``applied.refused``, F3: it asks for a file or a
+    command the agent does not write or run) makes the node configuring with ``spec refused:
+    <the agent's reason>``.
     """
     was_ready = was_ready and applied_version is not None  # ready once applied cleanly
     outcomes = {u["id"]: u.get("status") for u in (applied or {}).get("units", [])}
@@ -149,6 +153,10 @@ def configured(
         return Configured(
             CONFIGURING, "waiting for the agent to apply its NodeSpec", applied_version, False
         )
+    refused = applied.get("refused")
+    if isinstance(refused, str):
+        reason = f"spec refused: {refused}"[:REFUSED_REASON]
+        return Configured(CONFIGURING, reason, applied_version, pending_reboot)
     reboot = sorted(i for i, status in outcomes.items() if status == "pending-reboot")
     if reboot:
         if was_ready:

@@ -1,17 +1,22 @@
 """The CLI's calls of the HTTP API: one call, a list read to its end (B1), the event log read
 to its end or long-polled (B2). A refusal or an unreachable control plane becomes one line on
-stderr and its exit status (1 refused, 3 not reached), never a traceback."""
+stderr and its exit status (1 refused, 3 not reached), never a traceback. A plain-HTTP control
+plane off loopback is warned of on stderr, once per invocation (F3)."""
 
 import ssl
 from collections.abc import Iterator
 from typing import Any
 
+import click
+
+from agent.trust import plain_http_off_loopback
 from controlplane.cli.exits import REFUSED, UNREACHABLE, USAGE, fail
 from controlplane.cli.settings import settings
 from shared.client import ControlPlane, Refused, Unreachable
 
 TIMEOUT = 10.0  # seconds an answer may take (plus the wait of a long-poll)
 WAIT_SECONDS = 30  # how long one long-poll of the event log waits for an event (B2: 0…60)
+WARNED = "better-compute.plain-http-warned"  # in the invocation's root context's meta
 
 
 def call(path: str, body: dict[str, Any], nulls: tuple[str, ...] = (), wait: float = 0) -> Any:
@@ -28,6 +33,7 @@ def call(path: str, body: dict[str, Any], nulls: tuple[str, ...] = (), wait: flo
         fail(str(exc), USAGE)
     except OSError as exc:  # the CA file: missing, unreadable or not PEM certificates
         fail(f"cannot load the CA file {given.ca_file}: {exc}", USAGE)
+    warn_of_plain_http(given.url)
     # Options not given are left out rather than sent as null or empty, except `nulls`
     # (fields where null means something, such as a budget with no limit).
     body = {k: v for k, v in body.items() if k in nulls or (v is not None and v not in ((), []))}
@@ -43,6 +49,19 @@ def call(path: str, body: dict[str, Any], nulls: tuple[str, ...] = (), wait: flo
             else ""
         )
         fail(f"cannot reach the control plane: {exc}{hint}", UNREACHABLE)
+
+
+def warn_of_plain_http(url: str) -> None:
+    """The first call of an invocation to a plain-HTTP control plane off loopback says that its
+    token and answers cross the network unencrypted."""
+    meta = click.get_current_context().find_root().meta
+    if plain_http_off_loopback(url) and not meta.get(WARNED):
+        meta[WARNED] = True
+        click.echo(
+            f"warning: {url} is plain HTTP off loopback: the token and every answer cross the "
+            "network unencrypted; use https://",
+            err=True,
+        )
 
 
 def every(path: str, body: dict[str, Any], page_size: int | None) -> dict[str, Any]:
