@@ -139,7 +139,7 @@ async def run_reconciler(
     nodes that report to it, off the writer, so the leader's lost-node check sees them (B4);
     then on the leader one pass (a failed pass is logged and the next one retries). The
     liveness store is open while this runs."""
-    stamps = LivenessStore(store.location)
+    stamps = LivenessStore(store.location, store.db_timeout)
     liveness.stored = stamps
     leading_since, following = started, False
     try:

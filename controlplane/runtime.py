@@ -32,7 +32,9 @@ class Runtime:
     workers: ReadWorkers = field(default_factory=ReadWorkers.disabled)
 
     def __post_init__(self) -> None:
-        self.leadership = Leadership(self.config.db_path, self.config.reconcile_interval)
+        self.leadership = Leadership(
+            self.config.db_path, self.config.reconcile_interval, self.config.db_timeout
+        )
         self.env = Env(self.liveness, self.credentials, self.config.attestors, self.counters)
 
     @property

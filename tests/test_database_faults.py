@@ -23,7 +23,8 @@ from tests.daemons import Daemon, call
 from tests.postgres import SERVER_SETTINGS, PostgresServer
 from tests.tcp_proxy import TcpProxy
 
-DB_TIMEOUT = 5.0  # the daemon's default --db-timeout
+DEFAULT_DB_TIMEOUT = 5.0
+DB_TIMEOUT = 1.0  # the daemons' --db-timeout here (5 s by default): a short wait keeps tests short
 DURABLE = tuple(
     s for s in SERVER_SETTINGS if s.split("=")[0] in ("listen_addresses", "max_connections")
 )
@@ -58,7 +59,7 @@ class Load:
             f"{self.daemon.url}/api/{path}",
             json=body,
             headers={"Authorization": f"Bearer {self.daemon.token}"},
-            timeout=aiohttp.ClientTimeout(total=DB_TIMEOUT * 4),
+            timeout=aiohttp.ClientTimeout(total=DEFAULT_DB_TIMEOUT * 4),
         ) as response:
             answer = await response.json()
             self.slowest = max(self.slowest, time.monotonic() - started)
@@ -89,7 +90,9 @@ async def test_f1_a_database_restart_answers_503_then_serves_again_losing_nothin
     every acknowledged write present."""
     url = own_server.new_database()
     (tmp_path / "data").mkdir()
-    daemon = Daemon(tmp_path, "--reconcile-interval", "0.5", db=url)
+    daemon = Daemon(
+        tmp_path, "--reconcile-interval", "0.5", "--db-timeout", str(DB_TIMEOUT), db=url
+    )
     daemon.start()
     try:
         async with aiohttp.ClientSession() as session:
@@ -134,6 +137,8 @@ async def test_f1_no_database_call_runs_on_the_event_loop(
         tmp_path,
         "--reconcile-interval",
         "0.3",
+        "--db-timeout",
+        str(DB_TIMEOUT),
         db=url.replace(f":{own_server.port}/", f":{proxy.port}/"),
     )
     await asyncio.to_thread(daemon.start)  # the proxy serves on this loop meanwhile

@@ -115,7 +115,7 @@ class TakesOver(Leadership):
             self.follows -= 1
             return False
         self.took = self.took or time.time()
-        return True
+        return super().holds()  # takes the lease (F2): the passes are fenced by it
 
 
 async def test_b4_taking_the_lead_waits_a_grace_period(api: Api, db: Path | str) -> None:

@@ -36,7 +36,7 @@ def start(config: Config) -> None:
     from controlplane.api.routes import ALL_METHODS  # routes' handlers import this module's peers
 
     _worker = _Worker(
-        db=connect(config.db_path, config.durability),
+        db=connect(config.db_path, config.durability, timeout=config.db_timeout),
         methods={method.path: method for method in ALL_METHODS},
         runtime=Runtime(config),  # its own credential cache (0.5 s entries, B5)
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from controlplane.storage.db import connect, is_postgres
+from controlplane.storage.db import DB_TIMEOUT, connect, is_postgres
 from controlplane.storage.sql import Database
 
 log = structlog.get_logger("controlplane.leader")
@@ -39,8 +39,11 @@ class NotLeading(Exception):
 
 
 class Leadership:
-    def __init__(self, location: str | Path, interval: float = 30.0) -> None:
+    def __init__(
+        self, location: str | Path, interval: float = 30.0, timeout: float = DB_TIMEOUT
+    ) -> None:
         self.location = location
+        self.timeout = timeout
         self.postgres = is_postgres(location)
         self._leading = not self.postgres
         # Until when this replica's lease is surely its own by its own clock: from before the
@@ -65,7 +68,7 @@ class Leadership:
         started = time.monotonic()
         try:
             if self._db is None:
-                self._db = connect(self.location)
+                self._db = connect(self.location, timeout=self.timeout)
             found = self._db.execute(
                 TAKE, [self.holder, self.holder, self.lease, self.holder]
             ).fetchone()

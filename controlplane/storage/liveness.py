@@ -46,7 +46,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from controlplane.storage.db import _private_files, connect, is_postgres, timestamp
+from controlplane.storage.db import DB_TIMEOUT, _private_files, connect, is_postgres, timestamp
 from controlplane.storage.migrations import MIGRATION_LOCK
 from controlplane.storage.nodes import WATCHED
 
@@ -76,18 +76,18 @@ class LivenessStore:
     """The stamps of one control plane: flushes and the lost-node check on a thread of their
     own, single stamps (node views, activation) from any thread."""
 
-    def __init__(self, location: str | Path) -> None:
+    def __init__(self, location: str | Path, timeout: float = DB_TIMEOUT) -> None:
         self.postgres = is_postgres(location)
         path = liveness_file(Path(location))  # SQLite's (meaningless for PostgreSQL)
         place = location if self.postgres else path
         if not self.postgres:
             _private_files(path)
         # Stamps are disposable (a grace period covers their loss): no sync at each commit.
-        self._db = connect(place, "relaxed")
+        self._db = connect(place, "relaxed", timeout=timeout)
         self._create()
         if not self.postgres:
             self._db.execute("ATTACH DATABASE ? AS controlplane", [str(location)])
-        self._lookups = connect(place, "relaxed")
+        self._lookups = connect(place, "relaxed", timeout=timeout)
         if not self.postgres:
             _private_files(path)  # the -wal and -shm files SQLite made beside it
         self._lock = threading.Lock()  # one lookup at a time on their connection

@@ -10,6 +10,7 @@ translates (``?`` → ``%s``) once per statement text.
 
 import re
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -143,8 +144,39 @@ def reconnects() -> int:
     return _RECONNECTS[0]
 
 
-AWAY_S = 1.0  # how long a timed-out borrow makes the others answer at once (F1)
-_AWAY: dict[int, float] = {}  # per pool: until when its database is taken to be away
+# F1, per pool (by id): since a borrow timed out its database is taken to be away, until a
+# borrow succeeds: for the next ``timeout`` seconds every borrow answers so at once, then one
+# at a time may wait to find out. So a request waits on the database for at most one timeout
+# in all, however many statements it has left and however many requests are queued.
+_AWAY: dict[int, float] = {}  # per pool: when a borrow may next wait to find out
+_PROBING: set[int] = set()
+_AWAY_LOCK = threading.Lock()
+
+
+def _borrow(pool: Any, timeout: float) -> Any:
+    import psycopg_pool
+
+    key = id(pool)
+    probing = False
+    with _AWAY_LOCK:
+        if key in _AWAY:
+            if key in _PROBING or time.monotonic() < _AWAY[key]:
+                raise Unavailable("the database cannot be reached")
+            _PROBING.add(key)
+            probing = True
+    try:
+        conn = pool.getconn(timeout=timeout)
+    except psycopg_pool.PoolTimeout as exc:
+        with _AWAY_LOCK:
+            _AWAY[key] = time.monotonic() + timeout
+        raise Unavailable(f"the database cannot be reached: {exc}") from None
+    finally:
+        if probing:
+            with _AWAY_LOCK:
+                _PROBING.discard(key)
+    with _AWAY_LOCK:
+        _AWAY.pop(key, None)
+    return conn
 
 
 class _NoRows:
@@ -184,23 +216,13 @@ class PostgresDatabase(Database):
         self.conn: Any = None  # the borrowed psycopg.Connection
 
     def borrowed(self) -> Any:
-        import psycopg_pool
         from psycopg.types.numeric import IntDumper
 
         if self.conn is not None and (self.conn.broken or self.conn.closed):
             self._give_back()
             _RECONNECTS[0] += 1
         if self.conn is None:
-            # A borrow that just waited out the timeout says the database is away: for a
-            # moment every other borrow of the pool answers so at once, so no request waits
-            # longer than the timeout in all, however many statements it has left.
-            if time.monotonic() < _AWAY.get(id(self.pool), 0.0):
-                raise Unavailable("the database cannot be reached")
-            try:
-                conn = self.pool.getconn(timeout=self.timeout)
-            except psycopg_pool.PoolTimeout as exc:
-                _AWAY[id(self.pool)] = time.monotonic() + AWAY_S
-                raise Unavailable(f"the database cannot be reached: {exc}") from None
+            conn = _borrow(self.pool, self.timeout)
             # Flags are 0/1 integers on both backends: a Python bool goes in as one.
             conn.adapters.register_dumper(bool, IntDumper)
             self.conn = conn
