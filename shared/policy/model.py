@@ -21,7 +21,8 @@ from shared.validation import whole
 
 # N4: any positive number is stored as given; the reconciler clamps it to 0.1…100.
 Ratio = Annotated[float, Meta(gt=0)]
-ModuleName = Annotated[str, Meta(pattern=whole(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"))]  # never an option
+# A module name never starts with "-": modprobe would read it as an option.
+ModuleName = Annotated[str, Meta(pattern=whole(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$"))]
 ModuleOptions = Annotated[
     str, Meta(max_length=1024, pattern=whole(r"^[A-Za-z0-9_]+=\S+( [A-Za-z0-9_]+=\S+)*$"))
 ]
