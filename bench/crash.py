@@ -309,12 +309,17 @@ class Daemon:
         self.url = f"http://{HOST}:{port}"
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @property
+    def location(self) -> str:
+        """What --db says: the SQLite file (a replica's is a PostgreSQL URL)."""
+        return str(self.db)
+
     def spawn(self) -> None:
         argv = [
             bench_api.daemon_executable(),
             "serve",
             "--db",
-            str(self.db),
+            self.location,
             "--listen",
             f"{HOST}:{self.port}",
             "--root-token-file",
@@ -367,25 +372,9 @@ class Replica(Daemon):
         self.db_url = db_url
         self.log = workdir / f"replica{n}.log"
 
-    def spawn(self) -> None:
-        argv = [
-            bench_api.daemon_executable(),
-            "serve",
-            "--db",
-            self.db_url,
-            "--listen",
-            f"{HOST}:{self.port}",
-            "--root-token-file",
-            str(self.token_file),
-            "--reconcile-interval",
-            str(RECONCILE_INTERVAL_S),
-            "--log-format",
-            "json",
-        ]
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-            )
+    @property
+    def location(self) -> str:
+        return self.db_url
 
 
 # --- HTTP -----------------------------------------------------------------------------------------
