@@ -102,7 +102,7 @@ import time
 import uuid
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -1111,6 +1111,19 @@ def audit_line(a: Audit) -> str:
     return f"{a.checks} checks, {len(a.violations)} violations"
 
 
+async def stop_clients(tasks: Collection[asyncio.Task[None]]) -> None:
+    """Wait for the clients told to stop (bounded), cancel the stragglers, and raise what any
+    of them raised: a harness bug is not a quiet run."""
+    done, pending = await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 5)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    for task in done:
+        failure = task.exception()
+        if failure is not None:
+            raise failure
+
+
 async def crash_rounds(options: Options, workdir: Path, out: TextIO | None) -> Result:
     started = time.monotonic()
     rng = random.Random(f"{options.seed}/main")
@@ -1188,14 +1201,7 @@ async def crash_rounds(options: Options, workdir: Path, out: TextIO | None) -> R
             finally:
                 h.stop.set()
                 h.up.set()
-                done, pending = await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 5)
-                for task in pending:
-                    task.cancel()
-                await asyncio.gather(*pending, return_exceptions=True)
-                for task in done:
-                    failure = task.exception()
-                    if failure is not None:
-                        raise failure
+                await stop_clients(tasks)
             code = await asyncio.to_thread(daemon.stop)
             final = await asyncio.to_thread(audit, daemon.db, h.ledger.snapshot(), "final")
             audits.append(final)
@@ -1354,14 +1360,7 @@ async def postgres_rounds(options: Options, workdir: Path, out: TextIO | None) -
                     await asyncio.sleep(rng.uniform(options.min_up_s, options.max_up_s))
                 finally:
                     h.stop.set()
-                    done, pending = await asyncio.wait(tasks, timeout=REQUEST_TIMEOUT_S + 5)
-                    for task in pending:
-                        task.cancel()
-                    await asyncio.gather(*pending, return_exceptions=True)
-                    for task in done:
-                        failure = task.exception()
-                        if failure is not None:
-                            raise failure
+                    await stop_clients(tasks)
                 codes = [await asyncio.to_thread(r.stop) for r in replicas]
                 final = await asyncio.to_thread(audit_postgres, url, h.ledger.snapshot(), "final")
                 audits.append(final)

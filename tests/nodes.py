@@ -199,3 +199,47 @@ async def report(api: Api, node: dict[str, Any], inventory: Any) -> tuple[int, A
         headers={"Authorization": f"Bearer {node['token']}"},
     )
     return response.status, await response.json()
+
+
+def dry_run(
+    monkeypatch: Any, state_dir: Path, root: Path, *extra: str
+) -> tuple[list[str], Callable[..., Any]]:
+    """``better-compute-agent run --dry-run --once`` on the recorded DGX H100 with the spec
+    the state directory keeps, its cycle against a control plane left out (tested on its
+    own); the argv and a function that invokes it (with more arguments) and returns click's
+    result."""
+    from click.testing import CliRunner
+
+    import agent.main
+
+    class Cycled:
+        def __init__(self, *_: Any, **__: Any) -> None:
+            pass
+
+        def run(self, *_: Any, **__: Any) -> None:
+            pass
+
+    monkeypatch.setattr(agent.main, "Agent", Cycled)
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    token = state_dir.parent / "join.token"
+    token.write_text("bcj_x")
+    root.mkdir()
+    argv = [
+        "run",
+        "--controlplane",
+        "http://127.0.0.1:9",
+        "--join-token-file",
+        str(token),
+        "--state-dir",
+        str(state_dir),
+        "--fixture",
+        str(FIXTURES),
+        "--fixture-host",
+        "dgx-h100-01",
+        "--root",
+        str(root),
+        "--dry-run",
+        "--once",
+        *extra,
+    ]
+    return argv, lambda *more: CliRunner().invoke(agent.main.cli, [*argv, *more])

@@ -63,15 +63,17 @@ def host(unhealthy: int = 0) -> Inventory:
 JOINED: dict[str, tuple[dict[str, Any], Inventory]] = {}
 
 
-def host_releases(cli: Cli, node_id: str) -> None:
-    """The node's agent confirms what its spec says is ended released (D7)."""
+def host_reports(cli: Cli, node_id: str, state: str) -> None:
+    """The node's agent, with its own credential, reports every booking of its spec that
+    ``state`` is the outcome of: live ones ``delivered`` (D6), ended ones ``released`` (D7)."""
+    of = {"delivered": "live", "released": "release"}[state]
     node, inventory = JOINED[node_id]
     with ControlPlane(cli.env["BETTER_COMPUTE_URL"]) as plane:
         spec = plane.spec(node["token"], node["nodeId"])
         done = [
-            {"reservationId": b["reservationId"], "state": "released"}
+            {"reservationId": b["reservationId"], "state": state}
             for b in spec["bookings"]
-            if b["state"] == "release"
+            if b["state"] == of
         ]
         plane.report(node["token"], node["nodeId"], inventory, bookings=done)
 
@@ -150,7 +152,7 @@ def test_drain_waits_for_bookings_then_is_drained(cli: Cli) -> None:
     assert "drain:           draining: firmware (since " in cli(*drain).out
 
     cli("reservations", "end", res["id"], "--tenant", "root")
-    host_releases(cli, node)
+    host_reports(cli, node, "released")
     for _ in range(100):  # the reconciler's next pass sees nothing booked
         shown = cli.ok_json("nodes", "get", node, "--tenant", "root")
         if shown["drain"]["state"] == "drained":

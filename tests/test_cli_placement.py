@@ -11,11 +11,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.client import ControlPlane
 from tests.daemons import Daemon
 from tests.nodes import twin
 from tests.test_cli import Cli, root_cli, table_id
-from tests.test_cli_nodes import JOINED, MACHINES, host, host_releases, join, site
+from tests.test_cli_nodes import MACHINES, host, host_reports, join, site
 
 
 @pytest.fixture
@@ -26,20 +25,6 @@ def cli(tmp_path: Path) -> Iterator[Cli]:
     running.start()
     yield root_cli(running, tmp_path)
     running.kill()
-
-
-def host_delivers(cli: Cli, node_id: str) -> None:
-    """The node's agent reports every live booking of its spec delivered (D6), with the node's
-    own credential."""
-    node, inventory = JOINED[node_id]
-    with ControlPlane(cli.env["BETTER_COMPUTE_URL"]) as plane:
-        spec = plane.spec(node["token"], node["nodeId"])
-        done = [
-            {"reservationId": b["reservationId"], "state": "delivered"}
-            for b in spec["bookings"]
-            if b["state"] == "live"
-        ]
-        plane.report(node["token"], node["nodeId"], inventory, bookings=done)
 
 
 def pool(cli: Cli, site_id: str, *options: str) -> str:
@@ -91,7 +76,7 @@ def test_d4_reservations_get_shows_the_placement_and_its_delivery(cli: Cli) -> N
     get = ("reservations", "get", res["id"], "--tenant", "acme")
     assert key_values(cli(*get).out)["delivery"].startswith("pending (since ")
 
-    host_delivers(cli, node)
+    host_reports(cli, node, "delivered")
     answer = cli.ok_json(*get)
     placement = answer["placement"]
     assert answer["state"] == "active" and answer["delivery"]["state"] == "delivered"
@@ -140,7 +125,7 @@ def test_d4_nodes_get_shows_the_owner_every_booking_and_d7_releasing(cli: Cli) -
     offer(cli, pool_id, "gpu=4", "vcpu=16", "memoryGiB=128")
     node = join(cli, pool_id, host())
     res = reserve(cli, pool_id, "gpu=2", "vcpu=8", "memoryGiB=64")
-    host_delivers(cli, node)
+    host_reports(cli, node, "delivered")
     placement = cli.ok_json("reservations", "get", res["id"], "--tenant", "acme")["placement"]
     indices = ",".join(str(g["index"]) for g in placement["gpus"])
 
@@ -171,7 +156,7 @@ def test_d4_nodes_get_shows_the_owner_every_booking_and_d7_releasing(cli: Cli) -
     got = cli("reservations", "get", res["id"], "--tenant", "acme").out
     assert key_values(got)["delivery"].startswith("releasing (since ")
 
-    host_releases(cli, node)
+    host_reports(cli, node, "released")
     assert gpu_row() == ["gpu", "8", "8", "0", "8", "0", "4"]
     assert rows(cli("nodes", "get", node, "--tenant", "root").out, res["id"]) == []
     assert "bookings" not in cli.ok_json("nodes", "get", node, "--tenant", "root")

@@ -23,7 +23,7 @@ from agent.loop import Agent, Settings
 from agent.state import NodeCredential, State, bookings_of
 from shared.inventory import Inventory
 from shared.nodespec import Booking
-from tests.nodes import FIXTURES, recorded
+from tests.nodes import dry_run, recorded
 
 RES_A = "res_01jz8x4f7c9d2e3g5h6k7m8n9p"
 RES_B = "res_01jz8x4f7c9d2e3g5h6k7m8n9q"
@@ -422,38 +422,11 @@ def test_run_dry_run_plans_the_delivery_and_writes_nothing(
     their content), the commands (daemon-reload, start) after the units' and the files as new
     against the root, which stays empty; nothing is recorded in the state directory."""
 
-    class Cycled:  # the cycle against a control plane is tested above
-        def __init__(self, *_: Any, **__: Any) -> None:
-            pass
-
-        def run(self, *_: Any, **__: Any) -> None:
-            pass
-
-    monkeypatch.setattr(agent.main, "Agent", Cycled)
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     state = State(tmp_path / "state")
     state.save_spec(spec("s1", booking(gpus=[GPU0], cpus="8-15")))
-    token, root = tmp_path / "join.token", tmp_path / "root"
-    token.write_text("bcj_x")
-    root.mkdir()
-    argv = [
-        "run",
-        "--controlplane",
-        "http://127.0.0.1:9",
-        "--join-token-file",
-        str(token),
-        "--state-dir",
-        str(state.directory),
-        "--fixture",
-        str(FIXTURES),
-        "--fixture-host",
-        "dgx-h100-01",
-        "--root",
-        str(root),
-        "--dry-run",
-        "--once",
-    ]
-    result = CliRunner().invoke(agent.main.cli, [*argv, "--json"])
+    root = tmp_path / "root"
+    _, invoke = dry_run(monkeypatch, state.directory, root)
+    result = invoke("--json")
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     [step] = plan["bookings"]
@@ -476,7 +449,7 @@ def test_run_dry_run_plans_the_delivery_and_writes_nothing(
     }
     assert os.listdir(root) == []
     assert sorted(os.listdir(state.directory)) == ["spec.json"]
-    text = CliRunner().invoke(agent.main.cli, argv).stdout
+    text = invoke().stdout
     assert f"booking/{RES_A} (live): delivered" in text
     assert f"write {slice_path} (0644)" in text
     assert f"run systemctl start better-compute-{RES_A}.slice" in text

@@ -4,7 +4,6 @@ diff against the host (files, kernel arguments against /proc/cmdline, MIG layout
 import json
 import os
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -14,6 +13,7 @@ import agent.main
 from agent.apply import Applier, RecordingRunner
 from agent.plan import Host, describe, for_people, read_host, write_tree
 from agent.state import State
+from tests.nodes import dry_run
 from tests.test_render import A100_GPU4, A100_GPU5, FIXTURES, FULL, host, spec_of
 
 DROP_IN = "/etc/default/grub.d/90-better-compute.cfg"
@@ -107,44 +107,14 @@ def test_run_dry_run_prints_the_plan_of_the_kept_spec(
     plan of the NodeSpec it keeps against --root, with what undoing a unit an earlier apply
     recorded runs (a service disabled first)."""
 
-    class Cycled:  # the cycle against a control plane is tested end to end elsewhere
-        def __init__(self, *_: Any) -> None:
-            pass
-
-        def run(self, *_: Any, **__: Any) -> None:
-            pass
-
-    monkeypatch.setattr(agent.main, "Agent", Cycled)
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
     spec = spec_of({"hugepages": {"2Mi": 512}}, host("dgx-h100-01"))
     state = State(tmp_path / "state")
     state.save_spec(msgspec.to_builtins(spec))
     gone = {"kind": "service", "key": "k", "service": "old.service"}
     (state.directory / "applied.json").write_text(json.dumps({"old/service": gone}))
-    token, root = tmp_path / "join.token", tmp_path / "root"
-    token.write_text("bcj_x")
-    root.mkdir()
-    result = CliRunner().invoke(
-        agent.main.cli,
-        [
-            "run",
-            "--controlplane",
-            "http://127.0.0.1:9",
-            "--join-token-file",
-            str(token),
-            "--state-dir",
-            str(state.directory),
-            "--fixture",
-            str(FIXTURES),
-            "--fixture-host",
-            "dgx-h100-01",
-            "--root",
-            str(root),
-            "--dry-run",
-            "--once",
-            "--json",
-        ],
-    )
+    root = tmp_path / "root"
+    _, invoke = dry_run(monkeypatch, state.directory, root)
+    result = invoke("--json")
     assert result.exit_code == 0, result.output
     plan = json.loads(result.stdout)
     assert [step["id"] for step in plan["units"]] == [
