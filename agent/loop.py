@@ -10,17 +10,29 @@ state file is set aside by ``State`` and the loop carries on (R9). The loop is
 synchronous (one request at a time needs no event loop) and stops promptly when
 ``stop`` is set.
 
-Each apply (also of the kept spec while the control plane is away) applies the units,
-then delivers and releases the spec's bookings (agent/delivery.py: D5, D7); their
+Each apply (also of the kept spec while the control plane is away) goes through the host's
+gate (agent/gate.py: in-process, or the root applier of agent/applier.py): it applies the
+units, then delivers and releases the spec's bookings (agent/delivery.py: D5, D7); their
 outcomes go with every report, and a cycle whose units' or bookings' outcomes moved
 reports again at once, so a placed booking is active within two cycles (D9).
 
-A spec that asks for a file or a command this agent does not write or run (agent/trust.py,
-F3) is refused whole before anything of it is applied: the refusal is logged and reported as
-``applied: {version, refused, units: []}`` (the node's ``stateReason`` reads ``spec refused:
-…``), and the agent applies nothing until a spec it trusts comes; ``run(once=True)`` raises
+A spec that asks for a file or a command this agent does not write or run, or whose units are
+not what its renderer makes of the policy the spec carries (agent/trust.py, F3), is refused
+whole before anything of it is applied: the refusal is logged and reported as ``applied:
+{version, refused, units: []}`` (the node's ``stateReason`` reads ``spec refused: …``), and the
+agent applies nothing until a spec it trusts comes; ``run(once=True)`` raises
 ``SpecRefused``. A refusal is no fault of the agent: the watchdog is pinged as after any cycle
 that reported.
+
+Small heartbeats (F9): a report carries the whole inventory at the first report after a start
+(and after each join), whenever the inventory differs from the one last sent in an accepted
+report, and at once again in the same cycle when the answer says ``inventoryWanted``;
+otherwise it carries ``inventoryDigest``, the digest the last answer gave (the agent computes
+none). An answer without a digest (an older control plane) keeps the inventory coming whole.
+
+Shedding (F10): a 503 with ``Retry-After`` is the control plane shedding load; the agent waits
+that long plus a uniform jitter of up to as long again before it tries again, and keeps
+applying the kept spec as while the control plane is away.
 
 Watchdog pings (R9): only a cycle that did its work is followed by pings, so a
 loop that keeps failing is restarted by systemd's watchdog rather than reported
@@ -34,20 +46,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import structlog
 
-from agent.apply import Applier
 from agent.client import ControlPlane, Refused, Unreachable
-from agent.delivery import Deliverer
-from agent.state import NodeCredential, State, bookings_of, check, units_of
-from agent.trust import Untrusted, check_spec
-from shared.inventory import Inventory
+from agent.gate import Host
+from agent.state import NodeCredential, State, check
+from shared.inventory import Inventory, settled
 from shared.sdnotify import Notifier
 
 log = structlog.get_logger("agent")
-
-REFUSAL_LENGTH = 400  # of the reason reported: the node's stateReason holds 500 with its prefix
 
 
 class JoinRefused(Exception):
@@ -80,16 +87,15 @@ class Agent:
         state: State,
         take_inventory: Callable[[], Inventory],
         client: ControlPlane,
-        applier: Applier | None,
+        host: Host | None,
         notifier: Notifier | None = None,
-        deliverer: Deliverer | None = None,
     ) -> None:
         self.settings = settings
         self.state = state
         self.take_inventory = take_inventory
         self.client = client
-        self.applier = applier  # None with --dry-run: the spec is fetched and kept, not applied
-        self.deliverer = deliverer  # None with --dry-run too: bookings are planned, not delivered
+        # None with --dry-run: the spec is fetched and kept, neither applied nor delivered
+        self.host = host
         self.notifier = notifier or Notifier()  # a no-op outside systemd
         self.announced = False
         self.shown_status = ""  # the STATUS systemd was last sent
@@ -97,10 +103,20 @@ class Agent:
         self.rejoin_failures = 0  # joins again in a row that were refused
         self.applied: Any | None = None  # the last apply's report, sent with every report
         self.bookings: list[Any] | None = None  # the bookings' last outcomes, sent likewise
+        self.sent: Inventory | None = None  # the inventory of the last accepted whole report
+        self.digest: str | None = None  # F9: the digest the last report's answer gave
+        self.wanted = False  # the last answer asked for the whole inventory
 
     def backoff(self, failures: int, cap: float) -> float:
         """Full jitter: a random wait up to base × 2^failures, capped."""
         return random.uniform(0, min(cap, self.settings.backoff_base * 2**failures))
+
+    def away_for(self, exc: Unreachable) -> float:
+        """The wait before trying again: Retry-After plus up to as long again when the
+        control plane sheds load (F10), else the backoff."""
+        if exc.retry_after is not None:
+            return exc.retry_after + random.uniform(0, exc.retry_after)
+        return self.backoff(self.failures, self.settings.backoff_cap)
 
     def join(self, inventory: Inventory, again: bool = False) -> NodeCredential:
         """Join with the join token file; ``again`` for a host that had joined (H8, R9)."""
@@ -119,6 +135,7 @@ class Agent:
             answer["nodeId"], answer["token"], answer["poolId"], self.settings.controlplane
         )
         self.state.save_credential(credential)
+        self.digest = None  # a new node's first report carries its inventory whole
         log.info(
             "joined", node=credential.node_id, pool=credential.pool_id, rejoined=answer["rejoined"]
         )
@@ -128,9 +145,7 @@ class Agent:
         self, credential: NodeCredential, inventory: Inventory
     ) -> tuple[NodeCredential, Any]:
         try:
-            answer = self.client.report(
-                credential.token, credential.node_id, inventory, self.applied, self.bookings
-            )
+            answer = self.send(credential, inventory)
         except Refused as exc:
             if exc.status != 401:
                 raise
@@ -140,10 +155,33 @@ class Agent:
             if self.rejoin_failures == 0:  # said once, not on every retry
                 log.warning("node credential refused; joining again", node=credential.node_id)
             credential = self.join(inventory, again=True)
-            answer = self.client.report(
-                credential.token, credential.node_id, inventory, self.applied, self.bookings
-            )
+            answer = self.send(credential, inventory)
         return credential, answer
+
+    def send(self, credential: NodeCredential, inventory: Inventory) -> Any:
+        """One report: the inventory whole, or its digest when nothing moved (F9); whole again
+        at once when the answer asks for it."""
+        whole = (
+            self.digest is None
+            or self.wanted
+            or self.sent is None
+            or settled(inventory) != settled(self.sent)
+        )
+        token, node = credential.token, credential.node_id
+        if whole:
+            answer = self.client.report(token, node, inventory, self.applied, self.bookings)
+        else:
+            answer = self.client.report(
+                token, node, None, self.applied, self.bookings, inventory_digest=self.digest
+            )
+        digest = answer.get("inventoryDigest")
+        self.digest = digest if isinstance(digest, str) else None
+        self.wanted = answer.get("inventoryWanted") is True
+        if whole:
+            self.sent = inventory
+        elif self.wanted:
+            return self.send(credential, inventory)  # whole this time: ``wanted`` is set
+        return answer
 
     def cycle(self) -> None:
         """One inventory → (join) → report → spec → apply cycle."""
@@ -165,36 +203,21 @@ class Agent:
             self.report(credential, self.take_inventory())
 
     def apply(self, spec: dict[str, Any] | None, inventory: Inventory) -> bool:
-        """Apply a spec (the kept one when the control plane is away), then deliver its
-        bookings on the host ``inventory`` shows; True if either outcome moved.
+        """Apply a spec (the kept one when the control plane is away) and deliver its bookings
+        on the host ``inventory`` shows; True if either outcome moved.
 
         Every cycle, not only on a new spec: what drifted on the host is put back. A spec
         asking for what this agent does not do is refused whole, nothing of it applied (F3).
         """
-        if self.applier is None or spec is None:
+        if self.host is None or spec is None:
             return False
-        units, wanted = units_of(spec), bookings_of(spec)
-        try:
-            check_spec(self.applier.root, units, wanted)
-        except Untrusted as exc:
-            return self.refuse(units.version, str(exc))
-        applied = msgspec.to_builtins(self.applier.apply(units))
-        bookings = self.bookings
-        if self.deliverer is not None:
-            bookings = msgspec.to_builtins(self.deliverer.deliver(wanted, inventory))
-        if (applied, bookings) == (self.applied, self.bookings):
+        done = self.host.apply(spec, inventory)
+        bookings = self.bookings if done.bookings is None else done.bookings
+        if (done.applied, bookings) == (self.applied, self.bookings):
             return False
-        self.applied, self.bookings = applied, bookings
-        return True
-
-    def refuse(self, version: str, reason: str) -> bool:
-        """Report the spec refused (the bookings' last outcomes stay as they were); True if
-        that is news."""
-        refused = {"version": version, "refused": reason[:REFUSAL_LENGTH], "units": []}
-        if refused == self.applied:
-            return False
-        log.error("spec refused: nothing of it is applied", version=version, reason=reason)
-        self.applied = refused
+        if "refused" in done.applied:
+            log.error("spec refused: nothing of it is applied", **done.applied)
+        self.applied, self.bookings = done.applied, bookings
         return True
 
     def refusal(self) -> str | None:
@@ -249,9 +272,14 @@ class Agent:
                 if once:
                     raise
                 applied = self.apply_kept()  # DESIGN §6: keep applying the last spec
-                wait = self.backoff(self.failures, self.settings.backoff_cap)
+                wait = self.away_for(exc)
                 self.failures += 1
-                log.warning("control plane unreachable", error=str(exc), retry_in=round(wait, 2))
+                log.warning(
+                    "control plane unreachable",
+                    error=str(exc),
+                    retry_in=round(wait, 2),
+                    retry_after=exc.retry_after,
+                )
                 self.pause(stop, wait, None if applied else "cannot apply the kept NodeSpec")
                 continue
             except RejoinRefused as exc:

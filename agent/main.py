@@ -14,9 +14,11 @@ import click
 import msgspec
 import structlog
 
+from agent.applier import RemoteApply, Server, listener
 from agent.apply import RECORD, Applier, RecordingRunner, runner_for
 from agent.client import ControlPlane, ControlPlaneError
 from agent.delivery import Deliverer
+from agent.gate import Host, HostApply
 from agent.inventory import (
     FixtureError,
     InventoryCollector,
@@ -55,6 +57,14 @@ sysfs_option = click.option(
     default=Path("/"),
     show_default=True,
     help="Root under which /sys, /proc and /etc are read.",
+)
+release_timeout_option = click.option(
+    "--release-timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds a booking's release may take (its slice stopped, no compute process left on "
+    "its GPUs) before it is reported release-blocked with the pids still there (D7).",
 )
 
 
@@ -132,19 +142,19 @@ def inventory(fixture: Path | None, fixture_host: str | None, sysfs_root: Path) 
     help="Fetch and keep the NodeSpec; apply nothing. At exit (with --once: after its cycle) "
     "print the plan of the kept NodeSpec against the host under --root; logs go to stderr.",
 )
-@click.option(
-    "--release-timeout",
-    type=click.FloatRange(min=1),
-    default=120.0,
-    show_default=True,
-    help="Seconds a booking's release may take (its slice stopped, no compute process left on "
-    "its GPUs) before it is reported release-blocked with the pids still there (D7).",
-)
+@release_timeout_option
 @click.option(
     "--once",
     is_flag=True,
     help="One cycle, then exit; non-zero when the control plane is away or refuses this host, "
     "or its NodeSpec asks for what this agent does not do (nothing of it applied).",
+)
+@click.option(
+    "--applier-socket",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Hand each NodeSpec it trusts to the root applier (`better-compute-agent applier`) "
+    "listening there, instead of applying it in this process: this process then needs no "
+    "privilege (--root is where it checks the spec's paths).",
 )
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 @click.option("--json", "as_json", is_flag=True, help="With --dry-run: the plan as JSON.")
@@ -164,6 +174,7 @@ def run(
     dry_run: bool,
     release_timeout: float,
     once: bool,
+    applier_socket: Path | None,
     log_format: str,
     as_json: bool,
 ) -> None:
@@ -212,16 +223,12 @@ def run(
     notifier = Notifier.from_environment()
     runner = runner_for(root, notifier)  # units and bookings alike: recorded under a directory
     deliverer = Deliverer(root, state_dir, runner, collector.compute_processes, release_timeout)
-    applier = None if dry_run else Applier(root, state_dir, runner)
-    agent = Agent(
-        settings,
-        State(state_dir),
-        collector.collect,
-        client,
-        applier,
-        notifier,
-        None if dry_run else deliverer,
-    )
+    host: Host | None = None  # --dry-run: applied nowhere
+    if applier_socket is not None and not dry_run:
+        host = RemoteApply(applier_socket, root, notifier)
+    elif not dry_run:
+        host = HostApply(Applier(root, state_dir, runner), deliverer)
+    agent = Agent(settings, State(state_dir), collector.collect, client, host, notifier)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Stop between requests and exit 0, as systemd expects of a stop.
@@ -266,6 +273,8 @@ def _plan_kept_spec(
         return
     spec = units_of(kept)
     try:
+        # Its paths and commands; a plan of the units as the spec has them (the applier also
+        # renders them again from the spec's policy before applying them).
         check_spec(root, spec, bookings_of(kept))
     except Untrusted as exc:  # the plan of a spec the agent would not apply: its refusal
         click.echo(f"better-compute-agent: spec refused: {exc}", err=True)
@@ -274,6 +283,74 @@ def _plan_kept_spec(
     bookings = deliverer.plan(bookings_of(kept), inventory)
     host = read_host(spec, root, inventory, state.directory / RECORD, bookings)
     _echo_plan(describe(spec, host, bookings), as_json)
+
+
+@cli.command()
+@click.option(
+    "--socket",
+    "socket_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Listen here when systemd passes no socket (socket activation): a socket of this "
+    "process's user, 0600, so the network process must run as the same user.",
+)
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), required=True)
+@fixture_option
+@fixture_host_option
+@sysfs_option
+@click.option(
+    "--root",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("/"),
+    show_default=True,
+    help="Where NodeSpecs are applied; any root but / is a directory (commands recorded).",
+)
+@release_timeout_option
+@click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
+def applier(
+    socket_path: Path | None,
+    state_dir: Path,
+    fixture: Path | None,
+    fixture_host: str | None,
+    sysfs_root: Path,
+    root: Path,
+    release_timeout: float,
+    log_format: str,
+) -> None:
+    """The root applier: for each NodeSpec `run --applier-socket` hands it, check it again
+    (F3, on this host's own inventory), apply its units, deliver its bookings, and answer the
+    outcomes. One request kind, one at a time; anything else is answered with an error."""
+    configure_logging(json=None if log_format == "auto" else log_format == "json")
+    try:
+        bound = listener(socket_path)
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--socket") from exc
+    with contextlib.suppress(ImportError):
+        load_pynvml()
+    try:
+        collector = InventoryCollector(
+            fixture=fixture, fixture_host=fixture_host, sysfs_root=sysfs_root, state_dir=None
+        )
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--fixture/--fixture-host") from exc
+    state = State(state_dir)
+    state.prepare()
+    notifier = Notifier.from_environment()
+    runner = runner_for(root, notifier)
+    host = HostApply(
+        Applier(root, state_dir, runner),
+        Deliverer(root, state_dir, runner, collector.compute_processes, release_timeout),
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    log.info("applier listening", socket=str(socket_path or "from systemd"), root=str(root))
+    notifier.ready(status="waiting for NodeSpecs")
+    try:
+        Server(host, collector.collect).serve(bound, stop, notifier)
+    finally:
+        bound.close()
+        collector.close()
+        notifier.stopping()
 
 
 @cli.command()

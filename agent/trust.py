@@ -10,23 +10,39 @@ These lists are what shared/render and agent/delivery.py produce, checked agains
 by tests/test_agent_trust.py. ``check_spec`` raises ``Untrusted`` for a spec that asks for
 anything else, so that none of it is applied.
 
-The state directory is the agent's own: no spec writes there. The agent's systemd unit is
-confined to ``WRITE_DIRS``, ``STATE_DIR`` and what the commands themselves write
+Paths and command shapes alone would still let a lying control plane write any service unit
+into /etc/systemd/system (and enable it) or an ``install`` line into modprobe.d. So
+``check_rendered`` renders the NodeSpec again from what it carries (the pool's policy, sharing
+mode and GPU model, the GPUs it holds back) with the agent's own renderer, on this host's
+inventory, and refuses every unit that is not exactly one of that render's (its content, path,
+mode, commands); the GPUs a drain-gated unit lists follow bookings and are not compared.
+
+The state directories are the agent's own: no spec writes there. The root applier's systemd
+unit (better-compute-agent-apply.service, the only one that writes the host) is confined to
+``WRITE_DIRS``, ``APPLIER_STATE_DIR`` and what the commands themselves write
 (``COMMAND_WRITES``, ``COMMAND_WRITES_IF_PRESENT``); tests/test_systemd_hardening.py compares
-its ``ReadWritePaths=`` with them.
+its ``ReadWritePaths=`` with them. The network process writes only ``STATE_DIR``.
 """
 
 import ipaddress
 import os
 import re
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from agent.apply import BOOT_DROP_IN, unit_commands
 from agent.delivery import RELOAD, RESERVATION_ID, paths_of, slice_name
+from shared.errors import InvalidInput
+from shared.gpu import with_families
 from shared.ids import ID_BODY
-from shared.nodespec import Booking, NodeSpecUnits, Unit
+from shared.inventory import Inventory
+from shared.nodespec import Booking, NodeSpecUnits, RenderRefused, Unit
+from shared.policy import parse_policy
+from shared.render import render
 
 # The directories NodeSpec files are written under (host paths).
 WRITE_DIRS = (
@@ -41,7 +57,8 @@ WRITE_DIRS = (
     "/run/systemd/system",  # bookings' slices (D5)
     "/run/better-compute",  # bookings' environment files (D5)
 )
-STATE_DIR = "/var/lib/better-compute-agent"  # the packaged unit's --state-dir
+STATE_DIR = "/var/lib/better-compute-agent"  # the network unit's --state-dir
+APPLIER_STATE_DIR = "/var/lib/better-compute-agent-apply"  # the applier unit's --state-dir
 # What the commands below write themselves, outside WRITE_DIRS.
 COMMAND_WRITES = ("/var/lib/kubelet",)  # kubeadm join: the kubelet's config and flags
 COMMAND_WRITES_IF_PRESENT = (
@@ -231,3 +248,34 @@ def check_spec(root: Path, spec: NodeSpecUnits, bookings: Sequence[Booking]) -> 
         check_unit(root, unit)
     for booking in bookings:
         check_booking(root, booking)
+
+
+def check_rendered(spec: Mapping[str, Any], units: NodeSpecUnits, inventory: Inventory) -> None:
+    """Untrusted unless every unit of the NodeSpec is one that this agent's renderer makes of
+    the policy, sharing mode and GPU model the spec carries, for the host of ``inventory``
+    (with the spec's booked GPUs held back as the control plane held them)."""
+    if not units.units:
+        return  # nothing to compare: a spec of bookings alone
+    policy, sharing, model = spec.get("policy"), spec.get("sharing"), spec.get("gpuModel")
+    if not isinstance(policy, dict) or not isinstance(sharing, str):
+        raise Untrusted("the spec carries no policy and sharing mode to render its units from")
+    if model is not None and not isinstance(model, str):
+        raise Untrusted(f"the spec's gpuModel {_shown(model)} is not a GPU model")
+    try:
+        rendered = render(
+            parse_policy(policy),
+            sharing=sharing,
+            gpu_model=model,
+            inventory=with_families(inventory),
+            booked_gpus=frozenset(units.booked_gpus),
+        )
+    except (InvalidInput, RenderRefused) as exc:
+        raise Untrusted(f"the spec's policy does not render on this host: {exc}") from None
+    made = {unit.id: msgspec.structs.replace(unit, gpus=[]) for unit in rendered.units}
+    for unit in units.units:
+        if made.get(unit.id) != msgspec.structs.replace(unit, gpus=[]):
+            what = "file" if unit.kind == "file" else unit.kind
+            raise Untrusted(
+                f"unit {_shown(unit.id)}: the {what} is not what this agent renders of the "
+                "spec's policy"
+            )

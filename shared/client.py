@@ -1,7 +1,8 @@
 """The control-plane client: one keep-alive HTTP connection, typed errors by kind.
 
     ControlPlaneError
-    ├── Unreachable   the control plane did not answer (connection, timeout, 5xx): retry
+    ├── Unreachable   the control plane did not answer (connection, timeout, 5xx): retry;
+    │                 ``retry_after``: the seconds a 503 said to wait (it sheds load, F10)
     └── Refused       it answered with an error: retrying the same request will not help
 
 The agent and the `better-compute` CLI share this one client. The standard
@@ -25,7 +26,17 @@ class ControlPlaneError(Exception):
 
 
 class Unreachable(ControlPlaneError):
-    pass
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after  # seconds, from a 503's Retry-After; None without one
+
+
+def retry_after(value: str | None) -> float | None:
+    """A Retry-After header's delay in seconds (F10); None when absent or not a number of
+    seconds (the HTTP-date form is not one the control plane sends)."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(value.strip())
 
 
 class Refused(ControlPlaneError):
@@ -107,7 +118,10 @@ class ControlPlane:
         if response.status >= 500:
             # Retryable for the agent; the code, when there is one, helps a person reading it.
             code = f": {error['code']}" if "code" in error else ""
-            raise Unreachable(f"{self.url} answered {response.status}{code}")
+            wait = (
+                retry_after(response.getheader("Retry-After")) if response.status == 503 else None
+            )
+            raise Unreachable(f"{self.url} answered {response.status}{code}", wait)
         if response.status != 200:
             raise Refused(
                 response.status,
@@ -130,12 +144,19 @@ class ControlPlane:
         self,
         token: str,
         node_id: str,
-        inventory: Inventory,
+        inventory: Inventory | None,
         applied: Any | None = None,
         bookings: list[Any] | None = None,
+        inventory_digest: str | None = None,
     ) -> Any:
-        """nodes/report; ``bookings``: each booking's delivery outcome (D5-D7), when given."""
-        body: dict[str, Any] = {"nodeId": node_id, "inventory": msgspec.to_builtins(inventory)}
+        """nodes/report with the whole ``inventory``, or (None) the ``inventory_digest`` the
+        control plane answered last (F9); ``bookings``: each booking's delivery outcome
+        (D5-D7), when given."""
+        body: dict[str, Any] = {"nodeId": node_id}
+        if inventory is not None:
+            body["inventory"] = msgspec.to_builtins(inventory)
+        else:
+            body["inventoryDigest"] = inventory_digest
         if applied is not None:
             body["applied"] = applied
         if bookings is not None:

@@ -13,19 +13,15 @@ from typing import Any
 import pytest
 import structlog
 
-from agent.apply import Applier, RecordingRunner
 from agent.client import Refused, Unreachable
 from agent.loop import Agent, JoinRefused, Settings
 from agent.main import run
 from agent.state import NodeCredential, State
 from shared.sdnotify import Notifier
 from tests.nodes import recorded
+from tests.specs import HUGEPAGES_FILE, HUGEPAGES_TEXT, host_apply, served
 
-SPEC = {
-    "version": "s1",
-    "reboot": False,
-    "units": [{"id": "f", "kind": "file", "path": "/etc/sysctl.d/bc.conf", "content": "x\n"}],
-}
+SPEC = served("s1")
 
 
 class AwayControlPlane:
@@ -89,9 +85,9 @@ def agent(
         backoff_cap=0.01,
         rejoin_backoff_cap=0.01,
     )
-    applier = Applier(root, tmp_path / "state", RecordingRunner(root))
     host = recorded("dgx-h100-01")
-    return Agent(settings, state, lambda: host, client, applier, notifier), state
+    gate = host_apply(root, tmp_path / "state")
+    return Agent(settings, state, lambda: host, client, gate, notifier), state
 
 
 def run_for(loop: Agent, seconds: float = 0.3) -> None:
@@ -144,7 +140,7 @@ def test_the_last_spec_is_applied_while_the_control_plane_is_away(tmp_path: Path
     stop = threading.Event()
     threading.Timer(0.3, stop.set).start()
     loop.run(stop)
-    assert (tmp_path / "root/etc/sysctl.d/bc.conf").read_text() == "x\n"
+    assert (tmp_path / "root" / HUGEPAGES_FILE).read_text() == HUGEPAGES_TEXT
 
 
 def test_a_spec_it_cannot_read_does_not_stop_the_agent(tmp_path: Path) -> None:
@@ -171,7 +167,7 @@ def test_a_kept_spec_it_cannot_read_is_moved_aside_and_fetched_again(tmp_path: P
         moved = [e for e in logs if e["event"] == "damaged state file moved aside"]
         assert len(moved) == 1, logs
         assert state.spec() == SPEC
-        assert (tmp_path / "root/etc/sysctl.d/bc.conf").read_text() == "x\n"
+        assert (tmp_path / "root" / HUGEPAGES_FILE).read_text() == HUGEPAGES_TEXT
         for aside in (tmp_path / "state").glob("spec.json.damaged-*"):
             aside.unlink()
     loop, state = agent(tmp_path / "odd", OddControlPlane())
@@ -199,9 +195,10 @@ def test_a_damaged_apply_record_is_moved_aside_and_applying_goes_on(tmp_path: Pa
     state.save_spec(SPEC)
     (tmp_path / "state/applied.json").write_text('{"f": {"kind": "fi')
     run_for(loop)
-    assert (tmp_path / "root/etc/sysctl.d/bc.conf").read_text() == "x\n"
+    assert (tmp_path / "root" / HUGEPAGES_FILE).read_text() == HUGEPAGES_TEXT
     assert len(list((tmp_path / "state").glob("applied.json.damaged-*"))) == 1
-    assert json.loads((tmp_path / "state/applied.json").read_text())["f"]["kind"] == "file"
+    record = json.loads((tmp_path / "state/applied.json").read_text())
+    assert record["hugepages/sysctl-file"]["kind"] == "file"
 
 
 @pytest.mark.parametrize(

@@ -52,6 +52,7 @@ from shared.render import render
 from shared.sdnotify import Notifier
 from tests.daemons import Daemon, call, free_port, root_pool
 from tests.nodes import FIXTURES, recorded
+from tests.specs import HUGEPAGES_FILE, HUGEPAGES_TEXT, host_apply, served
 from tests.test_agent_e2e import AGENT, agent_command, nodes_of
 from tests.test_agent_loop import listening_systemd, run_for
 
@@ -242,7 +243,8 @@ def file_unit(path: str, **fields: Any) -> dict[str, Any]:
     return {"id": f"file{path}", "kind": "file", "path": path, "content": "x\n", **fields}
 
 
-GOOD = file_unit("/etc/sysctl.d/90-good.conf")
+# The spec's own (rendered) units: the hugepages sysctl file, then its sysctl.
+GOOD, GOOD_SYSCTL = served("s1")["units"]
 EVIL_COMMAND = {"id": "evil", "kind": "command", "argv": ["/bin/sh", "-c", "touch /tmp/pwned"]}
 
 
@@ -268,23 +270,19 @@ def refused(tmp_path: Path, *units: dict[str, Any], bookings: Any = ()) -> tuple
     state = State(tmp_path / "state")
     state.save_credential(NodeCredential("node_x", "bcn_x", "pool_x", "http://127.0.0.1:9"))
     root = tmp_path / "root"
-    runner = RecordingRunner(root)
-    served = Serving(
-        {"version": "s1", "reboot": False, "units": list(units), "bookings": list(bookings)}
-    )
+    serving = Serving({**served("s1", bookings=bookings), "units": list(units)})
     host = recorded("dgx-h100-01")
     agent = Agent(
         Settings("http://127.0.0.1:9", tmp_path / "t"),
         state,
         lambda: host,
-        served,
-        Applier(root, state.directory, runner),
-        deliverer=Deliverer(root, state.directory, runner, dict),
+        serving,
+        host_apply(root, state.directory),
     )
     with pytest.raises(SpecRefused) as caught:
         agent.run(threading.Event(), once=True)
-    assert served.applied[-1] == {"version": "s1", "refused": str(caught.value), "units": []}
-    return str(caught.value), served
+    assert serving.applied[-1] == {"version": "s1", "refused": str(caught.value), "units": []}
+    return str(caught.value), serving
 
 
 def written(tmp_path: Path) -> set[str]:
@@ -357,6 +355,59 @@ def test_what_no_unit_of_the_renderer_asks_is_refused_whole(
     assert written(tmp_path) == set()
 
 
+EVIL_SERVICE = "[Service]\nExecStart=/bin/sh -c 'touch /tmp/pwned'\n"
+
+
+@pytest.mark.parametrize(
+    ("unit", "said"),
+    [
+        (
+            file_unit("/etc/systemd/system/better-compute-evil.service", content=EVIL_SERVICE),
+            "the file is not what this agent renders of the spec's policy",
+        ),
+        (
+            {"id": "evil/enable", "kind": "service", "content": "better-compute-evil.service"},
+            "the service is not what",
+        ),
+        (
+            file_unit("/etc/modprobe.d/90-better-compute.conf", content="install nvidia /x\n"),
+            "the file is not what",
+        ),
+        ({**GOOD, "content": GOOD["content"] + "kernel.modprobe = /x\n"}, "the file is not"),
+        ({**GOOD, "mode": 0o600}, "the file is not"),
+        ({**GOOD_SYSCTL, "content": "vm.nr_hugepages=99999"}, "the sysctl is not"),
+    ],
+)
+def test_f3_units_the_renderer_does_not_make_of_the_policy_are_refused_whole(
+    tmp_path: Path, unit: dict[str, Any], said: str
+) -> None:
+    """Paths and command shapes the allowlist takes, but not what the agent's own renderer makes
+    of the policy the spec carries (a service unit file, enabling it, an ``install`` line in
+    modprobe.d, a rendered file or sysctl changed): refused whole, nothing written."""
+    others = [good for good in (GOOD, GOOD_SYSCTL) if good["id"] != unit["id"]]
+    reason, _ = refused(tmp_path, *others, unit)
+    assert reason.startswith(f"unit {unit['id']!r}: ") and said in reason, reason
+    assert written(tmp_path) == set()
+
+
+def test_f3_units_with_no_policy_to_render_them_from_are_refused(tmp_path: Path) -> None:
+    """A spec whose units come without the policy they were rendered from cannot be checked:
+    refused; a spec of bookings alone has nothing to check and is delivered."""
+    state = State(tmp_path / "state")
+    gate = host_apply(tmp_path / "root", state.directory)
+    bare = {"version": "s1", "reboot": False, "units": [GOOD, GOOD_SYSCTL]}
+    done = gate.apply(bare, recorded("dgx-h100-01"))
+    assert done.bookings is None and done.applied["units"] == []
+    assert done.applied["refused"] == (
+        "the spec carries no policy and sharing mode to render its units from"
+    )
+    assert written(tmp_path) == set()
+    gpu = recorded("dgx-h100-01").gpus[0].uuid
+    alone = {"version": "s2", "bookings": [{"reservationId": RES_A, "gpus": [gpu]}]}
+    done = gate.apply(alone, recorded("dgx-h100-01"))
+    assert done.bookings == [{"reservationId": RES_A, "state": "delivered", "reason": None}]
+
+
 def test_a_booking_that_is_no_reservation_is_refused_whole(tmp_path: Path) -> None:
     """D8, F3: a booking id that would name a path: the spec refused, its units and its other
     bookings neither applied nor delivered."""
@@ -376,8 +427,8 @@ def test_the_refusal_is_reported_when_news_and_a_trusted_spec_applies_again(
     """A cycle that refuses the spec in hand again reports nothing new; the loop (not --once)
     says why in STATUS and pings the watchdog (the agent works); the next spec it trusts is
     applied."""
-    _, served = refused(tmp_path, EVIL_COMMAND)
-    assert len(served.applied) == 2  # the cycle's report, then the refusal at once
+    _, serving = refused(tmp_path, EVIL_COMMAND)
+    assert len(serving.applied) == 2  # the cycle's report, then the refusal at once
     state = State(tmp_path / "state")
     root = tmp_path / "root"
     with listening_systemd() as (messages, address):
@@ -385,19 +436,19 @@ def test_the_refusal_is_reported_when_news_and_a_trusted_spec_applies_again(
             Settings("http://127.0.0.1:9", tmp_path / "t", interval=0.01),
             state,
             lambda: recorded("dgx-h100-01"),
-            served,
-            Applier(root, state.directory, RecordingRunner(root)),
+            serving,
+            host_apply(root, state.directory),
             Notifier(address, watchdog_usec=20_000),
         )
         run_for(loop)
-    refusals = [a for a in served.applied[2:] if a is not None]
-    assert refusals and all(a == served.applied[1] for a in refusals)
+    refusals = [a for a in serving.applied[2:] if a is not None]
+    assert refusals and all(a == serving.applied[1] for a in refusals)
     assert messages[0].startswith("READY=1\nSTATUS=spec refused: unit 'evil': ")
     assert "WATCHDOG=1" in messages
-    served.served = {"version": "s2", "reboot": False, "units": [GOOD]}
+    serving.served = served("s2")
     loop.run(threading.Event(), once=True)
-    assert served.applied[-1]["version"] == "s2" and "refused" not in served.applied[-1]
-    assert (root / "etc/sysctl.d/90-good.conf").read_text() == "x\n"
+    assert serving.applied[-1]["version"] == "s2" and "refused" not in serving.applied[-1]
+    assert (root / HUGEPAGES_FILE).read_text() == HUGEPAGES_TEXT
 
 
 def test_the_node_is_configuring_while_its_current_spec_is_refused() -> None:
@@ -454,12 +505,22 @@ async def lying(upstream: str, unit: dict[str, Any]) -> AsyncIterator[str]:
         await session.close()
 
 
+EVIL_UNIT_FILE = {
+    "id": "evil/file",
+    "kind": "file",
+    "path": "/etc/systemd/system/better-compute-evil.service",
+    "content": EVIL_SERVICE,
+}
+
+
+@pytest.mark.parametrize("evil", [EVIL_FILE, EVIL_UNIT_FILE], ids=["path", "content"])
 async def test_a_control_plane_that_lies_gets_nothing_of_its_spec_applied(
-    daemon: Daemon, tmp_path: Path
+    daemon: Daemon, tmp_path: Path, evil: dict[str, Any]
 ) -> None:
-    """The real agent (--once) behind a proxy that adds a unit writing outside its directories
-    to the real control plane's NodeSpec: refused whole (the policy's own huge pages file is not
-    written either), it exits 1 saying why, and the node's stateReason says so."""
+    """The real agent (--once) behind a proxy that adds a unit to the real control plane's
+    NodeSpec, one writing outside its directories or a service unit file its renderer never
+    makes: refused whole (the policy's own huge pages file is not written either), it exits 1
+    saying why, and the node's stateReason says so."""
     async with aiohttp.ClientSession() as session:
         pool = await root_pool(session, daemon, gpuModel="H100", policy={"hugepages": {"2Mi": 64}})
         token = await call(
@@ -472,7 +533,7 @@ async def test_a_control_plane_that_lies_gets_nothing_of_its_spec_applied(
     token_file = tmp_path / "join.token"
     token_file.write_text(token["token"])
     root = tmp_path / "host-root"
-    async with lying(daemon.url, EVIL_FILE) as url:
+    async with lying(daemon.url, evil) as url:
         command = agent_command(daemon, token_file, "dgx-h100-01", "--root", str(root), "--once")
         command[command.index(daemon.url)] = url
         agent = await asyncio.create_subprocess_exec(

@@ -16,14 +16,14 @@ import pytest
 from click.testing import CliRunner
 
 import agent.main
-from agent.apply import Applier, RecordingRunner
 from agent.client import Unreachable
-from agent.delivery import Deliverer
+from agent.gate import HostApply
 from agent.loop import Agent, Settings
 from agent.state import NodeCredential, State, bookings_of
 from shared.inventory import Inventory
 from shared.nodespec import Booking
 from tests.nodes import dry_run, recorded
+from tests.specs import host_apply
 
 RES_A = "res_01jz8x4f7c9d2e3g5h6k7m8n9p"
 RES_B = "res_01jz8x4f7c9d2e3g5h6k7m8n9q"
@@ -90,11 +90,9 @@ class Host:
 
     def start(self) -> Agent:
         """The agent as a (re)start makes it: nothing kept but the state directory."""
-        runner = RecordingRunner(self.root)
-        deliverer = Deliverer(
+        gate = host_apply(
             self.root,
             self.state_dir,
-            runner,
             lambda: self.processes,
             release_timeout=10,
             clock=lambda: self.now,
@@ -104,8 +102,7 @@ class Host:
             self.state,
             lambda: self.inventory,
             self.client,
-            Applier(self.root, self.state_dir, runner),
-            deliverer=deliverer,
+            gate,
         )
 
     def cycle(self) -> list[Any]:
@@ -364,9 +361,10 @@ def test_only_its_own_bookings_files_are_ever_touched(tmp_path: Path) -> None:
     host.serve(spec("s2", booking(gpus=[GPU0])))
     assert host.cycle() == [delivered()]
     elsewhere = Host(tmp_path / "elsewhere", spec("s1"))
-    assert elsewhere.agent.deliverer is not None
+    gate = elsewhere.agent.host
+    assert isinstance(gate, HostApply)
     odd = Booking(reservation_id="../../etc/passwd", gpus=[GPU1])
-    assert elsewhere.agent.deliverer.deliver([odd], H100) == []
+    assert gate.deliverer.deliver([odd], H100) == []
     assert not elsewhere.root.exists()
     assert not host.slice(RES_B).exists() and not host.env(RES_B).exists()
     assert ["systemctl", "stop", f"better-compute-{RES_B}.slice"] in host.commands()

@@ -16,13 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.main import run
+from agent.main import applier, run
 from controlplane.main import serve
 
 UNITS = Path(__file__).resolve().parent.parent / "systemd"
 SCRIPTS = Path(sys.executable).parent
 CONTROLPLANE = "better-compute-controlplane.service"
-AGENT = "better-compute-agent.service"
+AGENT = "better-compute-agent.service"  # the network process, unprivileged
+APPLIER = "better-compute-agent-apply.service"  # the root applier
+APPLIER_SOCKET = "better-compute-agent-apply.socket"
+SYSUSERS = "better-compute-agent.sysusers"
 
 
 def systemd_analyze(*args: str) -> subprocess.CompletedProcess[str]:
@@ -70,9 +73,12 @@ def exec_start_args(unit: str, environment: dict[str, str]) -> list[str]:
     return args
 
 
-@pytest.mark.parametrize("unit", [CONTROLPLANE, AGENT])
+@pytest.mark.parametrize("unit", [CONTROLPLANE, AGENT, APPLIER, APPLIER_SOCKET])
 def test_verify_is_clean(tmp_path: Path, unit: str) -> None:
-    """systemd-analyze verify accepts the unit without a single warning."""
+    """systemd-analyze verify accepts the unit without a single warning (the applier's socket
+    and service beside each other, as installed)."""
+    for other in (APPLIER, APPLIER_SOCKET):
+        installed_copy(tmp_path, other)
     done = systemd_analyze(
         "verify", "--man=no", "--recursive-errors=no", str(installed_copy(tmp_path, unit))
     )
@@ -89,9 +95,9 @@ def test_verify_catches_a_mistake(tmp_path: Path) -> None:
     assert "ProtectHomes" in done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("unit", [CONTROLPLANE, AGENT])
+@pytest.mark.parametrize("unit", [CONTROLPLANE, AGENT, APPLIER])
 def test_notify_watchdog_restart(unit: str) -> None:
-    """Both daemons are Type=notify with a watchdog, restart on failure and keep state."""
+    """The daemons are Type=notify with a watchdog, restart on failure and keep state."""
     found = directives(unit)
     assert found["Type"] == ["notify"]
     assert found["NotifyAccess"] == ["main"]
@@ -131,9 +137,9 @@ def test_controlplane_hardening() -> None:
     assert "@system-service" in found["SystemCallFilter"]
 
 
-def test_agent_keeps_what_applying_needs() -> None:
-    """The agent may load modules, write /proc/sys and /sys, and open /dev/nvidia*."""
-    found = directives(AGENT)
+def test_the_applier_keeps_what_applying_needs() -> None:
+    """The root applier may load modules, write /proc/sys and /sys, and open /dev/nvidia*."""
+    found = directives(APPLIER)
     assert "User" not in found and "DynamicUser" not in found  # root
     for needed in ("PrivateDevices", "ProtectKernelTunables", "ProtectKernelModules"):
         assert needed not in found, needed
@@ -142,6 +148,39 @@ def test_agent_keeps_what_applying_needs() -> None:
     assert "@module" in found["SystemCallFilter"][0]
     assert "CAP_SYS_MODULE" in found["CapabilityBoundingSet"][0].split()
     assert "/etc/modprobe.d" in found["ReadWritePaths"][0].split()
+
+
+def test_the_network_process_is_unprivileged_and_reaches_only_the_nvidia_devices() -> None:
+    """The network unit: the agent's own user (the one sysusers makes and the applier's socket
+    belongs to, 0600), no capability, no writable path but its state, the kernel's tunables,
+    modules and logs read-only, and of the devices only NVML's (PrivateDevices= would hide
+    them)."""
+    found = directives(AGENT)
+    [user] = found["User"]
+    assert user != "root" and found["Group"] == [user]
+    assert (UNITS / SYSUSERS).read_text().splitlines()[-1].split()[:2] == ["u", user]
+    socket = directives(APPLIER_SOCKET)
+    assert (socket["SocketUser"], socket["SocketMode"]) == ([user], ["0600"])
+    args = exec_start_args(AGENT, {"CONTROLPLANE": "https://x", "JOIN_TOKEN_FILE": "t"})
+    assert [args[args.index("--applier-socket") + 1]] == socket["ListenStream"]
+    assert found["CapabilityBoundingSet"] == [""] and found["AmbientCapabilities"] == [""]
+    assert "ReadWritePaths" not in found and "PrivateDevices" not in found
+    assert found["DevicePolicy"] == ["closed"]
+    assert found["DeviceAllow"] == ["char-nvidia-frontend rw", "char-nvidia-caps r"]
+    expected = {
+        "ProtectSystem": "strict",
+        "ProtectKernelTunables": "yes",
+        "ProtectKernelModules": "yes",
+        "ProtectKernelLogs": "yes",
+        "ProtectControlGroups": "yes",
+        "ProtectClock": "yes",
+        "ProtectProc": "invisible",
+        "PrivateUsers": "yes",
+        "NoNewPrivileges": "yes",
+        "UMask": "0077",
+    }
+    assert {key: found.get(key, [None])[-1] for key in expected} == expected
+    assert found["SystemCallFilter"] == ["@system-service", "~@privileged @resources"]
 
 
 def test_controlplane_command_line_parses() -> None:
@@ -167,3 +206,9 @@ def test_agent_command_line_parses() -> None:
     assert context.params["state_dir"] == Path("/var/lib/better-compute-agent")
     assert context.params["join_token_file"] == Path("/etc/better-compute/join.token")
     assert context.params["controlplane"] == "https://controlplane.example:8080"
+    assert context.params["applier_socket"] == Path("/run/better-compute-agent-apply.sock")
+    command, *args = exec_start_args(APPLIER, {"APPLIER_ARGS": "--release-timeout 300"})
+    assert command == "applier"
+    context = applier.make_context("applier", args)
+    assert context.params["state_dir"] == Path("/var/lib/better-compute-agent-apply")
+    assert context.params["release_timeout"] == 300.0
