@@ -28,8 +28,10 @@ What it does, in one run:
    reads and builds the answer every time, as it does for distinct callers and queries:
 
    (a) ``pools/get`` (as ``fleet-10000``), fresh and cache hit, and ``nodes/report`` (the node,
-       its inventory unchanged) at 32 connections: req/s as a ratio to the bare handler's in
-       the same round (target >= 0.5 x);
+       its inventory unchanged) at 32 connections, its whole inventory in the body and, F9's
+       small heartbeat, ``nodes/report (digest)`` with the ``inventoryDigest`` the control plane
+       answered instead: req/s as a ratio to the bare handler's in the same round (target >=
+       0.5 x);
    (b) ``pools/list`` as the tenants seeing 10 / 100 / 1,000 / 10,000 pools, one connection:
        time per request (p50) and per pool; and req/s at 8 connections with 1,000 pools,
        fresh and cache hit, against 350 req/s: ten times the 15-35 req/s OpenStack Placement
@@ -395,7 +397,8 @@ class Targets:
     bare: Endpoint
     get: Endpoint  # fresh bodies
     get_hit: Endpoint  # the same body every request: the answer cache's hits
-    report: Endpoint
+    report: Endpoint  # the whole inventory, unchanged
+    report_digest: Endpoint  # F9: its digest instead
     lists: dict[int, Endpoint]  # by visible pools, fresh bodies
     list_hit: Endpoint | None  # LIST_POOLS pools, the same body every request
     events: dict[str, Endpoint]  # "tenant after=0", "tenant tail", "root after=0", "root tail"
@@ -430,6 +433,9 @@ async def setup(
         )
         tokens[size] = created["token"]
     node_token, report_body = await join_dgx(session, base, root, fleet.site_id)
+    full = json.loads(report_body)
+    reported = await call(session, base, "compute/nodes/report", node_token, full)
+    digest_body = encode({"nodeId": full["nodeId"], "inventoryDigest": reported["inventoryDigest"]})
     biggest = max(fleet.sizes)
     reader = tenant_of(biggest)
     lists = {
@@ -460,6 +466,12 @@ async def setup(
         ),
         report=Endpoint(
             "nodes/report", f"{base}/api/compute/nodes/report", node_token, lambda i: report_body
+        ),
+        report_digest=Endpoint(
+            "nodes/report (digest)",
+            f"{base}/api/compute/nodes/report",
+            node_token,
+            lambda i: digest_body,
         ),
         lists=lists,
         list_hit=None
@@ -621,7 +633,7 @@ async def rounds(options: Options, bench: Bench, targets: Targets) -> dict[str, 
                 await lists_at_eight(bench, targets, client)
                 continue
             # (a) ratios at c connections.
-            for target in (targets.bare, targets.get, targets.get_hit, targets.report):
+            for target in at_c(targets):
                 await bench.measure(f"{target.name} @{c}", target, c, client)
             # (b) list time per request on one connection (bare: the HTTP floor), and req/s at 8.
             short = min(1.0, options.seconds)
@@ -644,6 +656,11 @@ async def rounds(options: Options, bench: Bench, targets: Targets) -> dict[str, 
     return looped
 
 
+def at_c(targets: Targets) -> tuple[Endpoint, ...]:
+    """(a)'s endpoints, measured at --concurrency connections, the bare handler first."""
+    return (targets.bare, targets.get, targets.get_hit, targets.report, targets.report_digest)
+
+
 async def lists_at_eight(bench: Bench, targets: Targets, client: str) -> None:
     """(b): the bare handler, then the 1,000-pool list fresh and cached, at 8 connections."""
     if targets.list_hit is not None:
@@ -662,7 +679,7 @@ async def measure_all(
         await wait_ready(session, "POST", f"{bare.base}{BARE_PATH}", bare.proc, bare.log)
         targets = await setup(session, api, bare, workdir, fleet)
         bench = Bench(session, workdir, api, bare, options.seconds)
-        for target in (targets.bare, targets.get, targets.get_hit, targets.report):
+        for target in at_c(targets):
             await warm_up(session, target, options.concurrency)
         if targets.list_hit is not None:
             await warm_up(session, targets.list_hit, 1, requests=2)
@@ -734,7 +751,7 @@ def figures(run: Run, options: Options) -> list[Figure]:
         return [f for client in options.clients for f in list_figures(bench, client)]
     for client in options.clients:
         bare_c = bench.get(f"bare @{c}", client)
-        for name in ("pools/get", "pools/get" + HIT, "nodes/report"):
+        for name in ("pools/get", "pools/get" + HIT, "nodes/report", "nodes/report (digest)"):
             ratio = Spread.of(per_round(bench.get(f"{name} @{c}", client), bare_c, "rps"))
             found.append(
                 Figure(

@@ -26,11 +26,11 @@ from pathlib import Path
 import msgspec
 
 from agent.inventory import collect_inventory
-from controlplane.capacity.admission import stable_digest
 from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts
 from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store, now
+from shared.inventory import stable_digest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 POLICY = b'{"hostReserve": {"vcpu": 8, "memoryGiB": 64}, "overcommit": {"vcpu": 2}}'

@@ -125,6 +125,7 @@ async def _reconciler_lifetime(app: web.Application) -> AsyncIterator[None]:
             runtime.started,
             app[METRICS],
             runtime.leadership,
+            runtime.overload,
         )
     )
     yield

@@ -4,6 +4,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from controlplane.overload import DEFAULT_MAX_INFLIGHT
+
 # R7: "full" syncs every commit before the answer; "relaxed" trades power-loss safety away.
 Durability = Literal["full", "relaxed"]
 
@@ -33,3 +35,5 @@ class Config:
     # F4: where /metrics is served without a token (an internal address); None: on the API
     # port, to root credentials only.
     metrics_listen: tuple[str, int] | None = None
+    # F10: API requests handled at once; one more is shed (503 UNAVAILABLE, Retry-After).
+    max_inflight: int = DEFAULT_MAX_INFLIGHT

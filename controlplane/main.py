@@ -9,6 +9,7 @@ import click
 
 from controlplane.config import BODY_TIMEOUT_S, DB_TIMEOUT_S, READ_WORKERS, Config, Durability
 from controlplane.demo import demo
+from controlplane.overload import DEFAULT_MAX_INFLIGHT
 from controlplane.server import (
     HEADER_TIMEOUT_S,
     KEEPALIVE_TIMEOUT_S,
@@ -127,6 +128,14 @@ def cli() -> None:
     help="Worker processes for long cached lists, started when a read is first seen slow "
     "(0: lists stay on reader threads; docs/reads.md).",
 )
+@click.option(
+    "--max-inflight",
+    type=click.IntRange(min=1),
+    default=DEFAULT_MAX_INFLIGHT,
+    show_default=True,
+    help="API requests handled at once; beyond it a request is answered 503 UNAVAILABLE with "
+    "Retry-After at once (shed) instead of queuing until its client times out (F10).",
+)
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 @click.option(
     "--log-level",
@@ -150,6 +159,7 @@ def serve(
     tls_cert: Path | None,
     tls_key: Path | None,
     read_workers: int,
+    max_inflight: int,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -184,6 +194,7 @@ def serve(
         body_timeout=body_timeout,
         db_timeout=db_timeout,
         metrics_listen=metrics_listen,
+        max_inflight=max_inflight,
     )
     asyncio.run(
         run_server(

@@ -9,7 +9,10 @@ period; before the leader's pass that store finds, also off the writer, the node
 stamp in the grace period, and the pass marks lost those of them that memory has not seen
 either. So the writer spends nothing on the stamps of live nodes. No node is marked lost
 during the first grace period after a start, when memory has not seen the fleet yet, nor
-after a replica takes the lead, when flushes from the others may be on their way (B4).
+after a replica takes the lead, when flushes from the others may be on their way (B4), nor
+within a grace period of any replica being behind (F10, controlplane/overload.py: shedding,
+503s, a late loop, a long pass, a failed flush, a start), which each replica records beside
+its stamps: silence the control plane caused is never counted against a node.
 """
 
 import asyncio
@@ -17,6 +20,7 @@ import functools
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 
@@ -26,7 +30,11 @@ from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.nodes import Failed, isolated, reconcile_isolated
 from controlplane.capacity.states import node_event, progress_drain
 from controlplane.metrics import Metrics, count_placement
+from controlplane.overload import Overload
+from controlplane.services.offers import expire_offer
+from controlplane.services.reservations import end_timed_up
 from controlplane.storage import nodes as node_sql
+from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
 from controlplane.storage.leader import Leadership, NotLeading
@@ -34,6 +42,9 @@ from controlplane.storage.liveness import LivenessStore
 from controlplane.storage.sql import Database
 
 log = structlog.get_logger("controlplane.reconciler")
+# F10: a loop that wakes this late, or a pass this much over its interval, is behind
+LAG_BOUND_S = 1.0
+T = TypeVar("T")
 
 
 @dataclass
@@ -126,6 +137,30 @@ def reconcile_pass(
     return stats
 
 
+@dataclass
+class Ended:
+    """What one pass of ends did (C3, C4)."""
+
+    offers: int = 0  # offers withdrawn because their notAfter passed
+    reservations: int = 0  # reservations ended TimeUp
+    failures: int = 0
+
+
+def end_terms(db: Database) -> Ended:
+    """C3, C4: withdraw every offer whose end has passed, exactly as pools/unoffer does, and
+    end every reservation whose duration ran out (TimeUp); each in its own savepoint (R5)."""
+    at, ended = now(), Ended()
+    for offer in pool_sql.ended_offers(db, at):
+        done = isolated(db, "offer", offer.pool_id, expire_offer, db, offer)
+        ended.offers += done is True
+        ended.failures += isinstance(done, Failed)
+    for row in res_sql.timed_up(db, at):
+        done = isolated(db, "reservation", row.id, end_timed_up, db, row)
+        ended.reservations += done is True
+        ended.failures += isinstance(done, Failed)
+    return ended
+
+
 async def run_reconciler(
     store: Store,
     liveness: Liveness,
@@ -134,22 +169,36 @@ async def run_reconciler(
     started: float,
     metrics: Metrics,
     leadership: Leadership,
+    overload: Overload | None = None,
 ) -> None:
     """Every ``interval`` seconds: on every replica a flush of the liveness stamps of the
-    nodes that report to it, off the writer, so the leader's lost-node check sees them (B4);
-    then on the leader one pass (a failed pass is logged and the next one retries). The
-    liveness store is open while this runs."""
+    nodes that report to it, off the writer, so the leader's lost-node check sees them (B4),
+    and of when it was last behind (F10); then on the leader one pass (a failed pass is
+    logged and the next one retries). The liveness store is open while this runs."""
     stamps = LivenessStore(store.location, store.db_timeout)
     liveness.stored = stamps
+    overload = overload or Overload()
     leading_since, following = started, False
+    recorded = 0.0  # the last behind time this replica stored
     try:
         while True:
+            if overload.behind_at > recorded:
+                try:  # first of all at a start: the leader gives every node a grace period
+                    await stamps.run(stamps.record_behind, leadership.holder, overload.behind_at)
+                    recorded = overload.behind_at
+                except Exception:
+                    log.exception("could not record that this replica is behind")
             # a follower looks every half interval: a dead leader's lease (1.5 intervals) is
             # taken within two (F2)
-            await asyncio.sleep(interval if leadership.leader else interval / 2)
+            pause = interval if leadership.leader else interval / 2
+            woken = time.monotonic() + pause
+            await asyncio.sleep(pause)
+            if time.monotonic() - woken > LAG_BOUND_S:
+                overload.behind()  # the loop itself is late: so may its reports' answers be
             try:
                 await stamps.run(flush, stamps, liveness, lost_after / 3)
             except Exception:
+                overload.behind()  # its nodes' stamps are not where the leader looks
                 log.exception("liveness flush failed")
             # F2: its check is a database call, never on the event loop
             if not await asyncio.to_thread(leadership.holds):
@@ -160,9 +209,15 @@ async def run_reconciler(
             may_mark_lost = time.monotonic() - leading_since >= lost_after
             candidates: list[str] = []
             if may_mark_lost:
+                cutoff = time.time() - lost_after
                 try:
-                    candidates = await stamps.run(stamps.silent, time.time() - lost_after)
+                    behind = await stamps.run(stamps.last_behind, cutoff)
+                    # F10: a grace period with no replica behind (this one included)
+                    may_mark_lost = behind is None and overload.behind_at < cutoff
+                    if may_mark_lost:
+                        candidates = await stamps.run(stamps.silent, cutoff)
                 except Exception:
+                    may_mark_lost = False
                     log.exception("lost-node check failed; no node is marked lost in this pass")
             work = functools.partial(
                 reconcile_pass,
@@ -171,6 +226,7 @@ async def run_reconciler(
                 may_mark_lost=may_mark_lost,
                 candidates=candidates,
             )
+            began = time.monotonic()
             try:
                 with metrics.reconcile_seconds.time():
                     stats = await store.write(functools.partial(fenced, leadership, work))
@@ -182,8 +238,21 @@ async def run_reconciler(
                 metrics.reconcile_failures.inc()
                 log.exception("reconciler pass failed")
                 continue
-            metrics.reconcile_failures.inc(stats.failures)
+            if time.monotonic() - began > interval + LAG_BOUND_S:
+                overload.behind()  # reports waited on the writer behind this pass
+            try:  # C3, C4: in a transaction of its own, behind the same lease
+                ended = await store.write(functools.partial(fenced, leadership, end_terms))
+            except NotLeading:
+                following = True
+                continue
+            except Exception:
+                metrics.reconcile_failures.inc()
+                log.exception("ending offers and reservations failed")
+                ended = Ended()
+            metrics.reconcile_failures.inc(stats.failures + ended.failures)
             metrics.rows_written.inc(stats.written)
+            if ended.offers or ended.reservations:
+                log.info("ended", offers=ended.offers, reservations=ended.reservations)
             if stats.nodes_recomputed or stats.nodes_lost or stats.reservations_moved:
                 log.info(
                     "reconciled",
@@ -197,9 +266,7 @@ async def run_reconciler(
         stamps.close()
 
 
-def fenced(
-    leadership: Leadership, work: Callable[[Database], PassStats], db: Database
-) -> PassStats:
+def fenced(leadership: Leadership, work: Callable[[Database], T], db: Database) -> T:
     """The pass in its transaction, behind this replica's lease (F2)."""
     leadership.fence(db)
     return work(db)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache
+from controlplane.overload import Overload
 from controlplane.reads.answers import AnswerCache
 from controlplane.reads.workers import ReadWorkers
 from controlplane.services.call import Counters, Env, Uncounted
@@ -26,6 +27,7 @@ class Runtime:
     answers: AnswerCache = field(default_factory=AnswerCache)  # cached reads' answers (B6)
     commits: CommitSignal = field(default_factory=CommitSignal)  # long-polls wait on it (B2)
     leadership: Leadership = field(init=False)
+    overload: Overload = field(init=False)  # F10: admission, and when it was last behind
     env: Env = field(init=False)  # what services use of this runtime
     counters: Counters = field(default_factory=Uncounted)  # the app's metrics (M1)
     # Long cached lists in other processes (B6); none unless the app gives them.
@@ -35,6 +37,7 @@ class Runtime:
         self.leadership = Leadership(
             self.config.db_path, self.config.reconcile_interval, self.config.db_timeout
         )
+        self.overload = Overload(self.config.max_inflight)
         self.env = Env(self.liveness, self.credentials, self.config.attestors, self.counters)
 
     @property

@@ -5,8 +5,10 @@ memory, huge pages, filesystems), sent on join and on every report. Sizes are
 bytes, power is watts, and a fact the host could not give is null.
 """
 
+import hashlib
 from typing import Annotated, Literal
 
+import msgspec
 from msgspec import Meta, Struct
 
 from shared.validation import whole
@@ -133,3 +135,26 @@ class Inventory(Wire):
     filesystems: Annotated[list[Filesystem], Meta(max_length=256)] = []
     gpus: Annotated[list[Gpu], Meta(max_length=64)] = []
     gpu_links: Annotated[list[GpuLink], Meta(max_length=2016)] = []  # D1: every GPU pair
+
+
+def _settled_pages(pool: HugepagePool | None) -> HugepagePool | None:
+    return None if pool is None else msgspec.structs.replace(pool, free=0)
+
+
+def settled(inventory: Inventory) -> Inventory:
+    """What capacity, identity and health depend on: the inventory without its temperatures
+    and free huge pages, which move all the time. The agent sends an inventory whole only
+    when this view of it moved (F9); the control plane digests this view."""
+    gpus = [msgspec.structs.replace(gpu, temperature_c=None) for gpu in inventory.gpus]
+    pages = msgspec.structs.replace(
+        inventory.hugepages,
+        pages_2mi=_settled_pages(inventory.hugepages.pages_2mi),
+        pages_1gi=_settled_pages(inventory.hugepages.pages_1gi),
+    )
+    return msgspec.structs.replace(inventory, gpus=gpus, hugepages=pages)
+
+
+def stable_digest(inventory: Inventory) -> str:
+    """The digest of the settled inventory: counting temperatures as a changed inventory
+    would make every report a write."""
+    return hashlib.sha256(msgspec.json.encode(settled(inventory))).hexdigest()

@@ -299,19 +299,20 @@ def test_capacity_ledger_columns_with_an_offer(cli: Cli) -> None:
         out = cli(*command.split(), pool_id, "--tenant", tenant).out.splitlines()
         assert out[0].split() == [
             "RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "RELEASING", "OFFERED",
+            "COVERAGE",
         ]  # fmt: skip
         (row,) = [line.split() for line in out if line.startswith("gpu ")]
         return row
 
     # 8 GPUs, one unhealthy: 7 schedulable, 2 booked by acme, 5 left; acme bought 3.
-    assert gpu_row("pools capacity", "root") == ["gpu", "8", "7", "2", "5", "0", "3"]
-    assert gpu_row("capacity", "root") == ["gpu", "8", "7", "2", "5", "0", "3"]
+    assert gpu_row("pools capacity", "root") == ["gpu", "8", "7", "2", "5", "0", "3", "2.33"]
+    assert gpu_row("capacity", "root") == ["gpu", "8", "7", "2", "5", "0", "3", "2.33"]
     vcpu = cli.ok_json("capacity", pool_id, "--tenant", "root")["items"]
     assert {r["resource"]: r["offered"] for r in vcpu}["vcpu"] == 16
     # The offered tenant sees the same rows without OFFERED.
-    assert gpu_row("pools capacity", "acme") == ["gpu", "8", "7", "2", "5", "0", "-"]
+    assert gpu_row("pools capacity", "acme") == ["gpu", "8", "7", "2", "5", "0", "-", "-"]
     rows = cli.ok_json("pools", "capacity", pool_id, "--tenant", "acme")["items"]
     assert rows and all("offered" not in r for r in rows)
 
     cli("nodes", "cordon", node, "--tenant", "root", "--reason", "maintenance")
-    assert gpu_row("capacity", "root") == ["gpu", "8", "0", "2", "0", "0", "3"]
+    assert gpu_row("capacity", "root") == ["gpu", "8", "0", "2", "0", "0", "3", "0.00"]

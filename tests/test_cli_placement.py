@@ -143,13 +143,14 @@ def test_d4_nodes_get_shows_the_owner_every_booking_and_d7_releasing(cli: Cli) -
         out = cli("pools", "capacity", pool_id, "--tenant", "root").out
         assert out.splitlines()[0].split() == [
             "RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "RELEASING", "OFFERED",
+            "COVERAGE",
         ]  # fmt: skip
         (row,) = rows(out, "gpu")
         return row
 
-    assert gpu_row() == ["gpu", "8", "8", "2", "6", "0", "4"]
+    assert gpu_row() == ["gpu", "8", "8", "2", "6", "0", "4", "2.00"]
     cli("reservations", "end", res["id"], "--tenant", "acme")
-    assert gpu_row() == ["gpu", "8", "8", "2", "6", "2", "4"]  # held until the host says
+    assert gpu_row() == ["gpu", "8", "8", "2", "6", "2", "4", "2.00"]  # held until the host says
     assert rows(cli("nodes", "get", node, "--tenant", "root").out, res["id"])[0][-1] == (
         "releasing"
     )
@@ -157,7 +158,7 @@ def test_d4_nodes_get_shows_the_owner_every_booking_and_d7_releasing(cli: Cli) -
     assert key_values(got)["delivery"].startswith("releasing (since ")
 
     host_reports(cli, node, "released")
-    assert gpu_row() == ["gpu", "8", "8", "0", "8", "0", "4"]
+    assert gpu_row() == ["gpu", "8", "8", "0", "8", "0", "4", "2.00"]
     assert rows(cli("nodes", "get", node, "--tenant", "root").out, res["id"]) == []
     assert "bookings" not in cli.ok_json("nodes", "get", node, "--tenant", "root")
     got = cli("reservations", "get", res["id"], "--tenant", "acme").out

@@ -2,9 +2,14 @@
 
 import asyncio
 import json
+import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
+from controlplane.storage import events
+from controlplane.storage.db import Store
+from controlplane.storage.sql import Database
 from tests.conftest import Api, execute
 
 
@@ -65,3 +70,44 @@ async def test_fifty_parallel_offers_and_quota_updates_stay_consistent(api: Api,
     offered = {t for (t,) in execute(db, "SELECT to_tenant_id FROM pool_offers")}
     authz = {t for (t,) in execute(db, "SELECT tenant_id FROM pool_authz WHERE owned = 0")}
     assert offered == authz == set(last)
+
+
+async def test_b5_a_write_ended_by_a_deadlock_runs_again_alone(postgres_url: str) -> None:
+    """B5 on PostgreSQL: two writes run beside each other (each of its own node) that take two
+    rows in opposite orders deadlock; PostgreSQL ends one, which runs again, alone, and
+    commits: each write's rows and event land once, and the seq stays gapless."""
+    stores = [Store(postgres_url), Store(postgres_url)]  # two replicas, migrated
+    for tenant in ("x", "y"):
+        execute(
+            postgres_url,
+            "INSERT INTO tenants (id, name, created_at) VALUES (?, ?, 'now')",
+            [tenant, tenant],
+        )
+    both_hold_one = threading.Barrier(2)
+    runs: Counter[str] = Counter()
+
+    def crossing(name: str, first: str, then: str) -> Callable[[Database], None]:
+        def txn(db: Database) -> None:
+            runs[name] += 1
+            db.execute("UPDATE tenants SET name = name WHERE id = ?", [first])
+            if runs[name] == 1:
+                both_hold_one.wait(10)
+            db.execute("UPDATE tenants SET name = name || ? WHERE id = ?", [f"+{name}", then])
+            events.append(db, "tenant.updated", pool_id=None, data={"by": name}, audience=[])
+
+        return txn
+
+    try:
+        await asyncio.gather(
+            stores[0].write(crossing("a", "x", "y"), own_rows="node-a"),
+            stores[1].write(crossing("b", "y", "x"), own_rows="node-b"),
+        )
+    finally:
+        for store in stores:
+            store.close()
+    assert sorted(runs.values()) == [1, 2]  # one of them was ended and ran again
+    assert execute(postgres_url, "SELECT id, name FROM tenants ORDER BY id") == [
+        ("x", "x+b"),
+        ("y", "y+a"),
+    ]
+    assert execute(postgres_url, "SELECT seq FROM events ORDER BY seq") == [(1,), (2,)]

@@ -277,7 +277,7 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
 
         # H6: the ledger as pools/capacity answers it, drawn as bars.
         ledger = api(daemon, "compute/pools/capacity", {"tenantId": "root", "poolId": pool})
-        gpu = "total 16 · schedulable 8 · allocated 2 · available 6 · releasing 0 · offered 4"
+        gpu = "total 16 · schedulable 8 · allocated 2 · available 6 · releasing 0 · offered 4 · coverage 2.00"
         expect(
             page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
         ).to_have_text(gpu)
@@ -335,6 +335,25 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         expect(page.locator('#events li[data-type="pool.created"]')).to_have_count(1)
         expect(page.locator("#live")).to_have_text("live")
 
+        # C1, C2: a policy pasted into the pool's card is planned (a dry run: nothing changes)
+        # and the plan drawn: every node, capacity before → after as the API's plan says, the
+        # version to apply it at; it stays drawn as events redraw the card.
+        reserved = {**DGX_POLICY, "hostReserve": {"vcpu": 16, "memoryGiB": 64}}
+        body = {"tenantId": "root", "poolId": pool, "policy": reserved, "dryRun": True}
+        planned = api(daemon, "compute/pools/update", body)["plan"]
+        box = page.locator(f'[data-pool-id="{pool}"] details.plan')
+        box.locator("summary").click()
+        box.locator("textarea").fill(json.dumps(reserved))
+        box.locator("button.plan-button").click()
+        vcpu = next(row for row in planned["capacity"] if row["resource"] == "vcpu")
+        shown_vcpu = box.locator('tr.plan-capacity[data-resource="vcpu"]')
+        expect(shown_vcpu.locator("td.after")).to_have_text(str(vcpu["after"]))
+        expect(shown_vcpu).to_have_class("plan-capacity less")
+        expect(box.locator("tr.plan-node")).to_have_count(2)
+        expect(box.locator(".apply")).to_have_text("Apply it at version 1.")
+        pool_now = api(daemon, "compute/pools/get", {"tenantId": "root", "poolId": pool})
+        assert pool_now["version"] == 1 and pool_now["policy"] == DGX_POLICY
+
         # The token lives in this tab's sessionStorage only: no localStorage, no cookie.
         saved = json.loads(page.evaluate("sessionStorage.getItem('better-compute.console')"))
         assert (saved["token"], saved["tenant"]) == (daemon.token, "root")
@@ -361,7 +380,7 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         expect(
             page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
         ).to_have_text(
-            "total 16 · schedulable 8 · allocated 3 · available 5 · releasing 0 · offered 4"
+            "total 16 · schedulable 8 · allocated 3 · available 5 · releasing 0 · offered 4 · coverage 2.00"
         )
 
         # D7: ended, acme's booking holds its GPU until the host releases it: releasing, within
@@ -373,8 +392,9 @@ def test_m2_console_signs_in_draws_the_ledger_nodes_and_follows_events(
         expect(
             page.locator(f'[data-pool-id="{pool}"] tr[data-resource="gpu"] td.figures')
         ).to_have_text(
-            "total 16 · schedulable 8 · allocated 3 · available 5 · releasing 1 · offered 4"
+            "total 16 · schedulable 8 · allocated 3 · available 5 · releasing 1 · offered 4 · coverage 2.00"
         )
+        expect(box.locator(".apply")).to_have_text("Apply it at version 1.")  # kept, redrawn
         releasing = bar.locator("rect.releasing")
         assert (releasing.get_attribute("x"), releasing.get_attribute("width")) == ("12.5", "6.25")
         assert page.evaluate("window.stayed") is True

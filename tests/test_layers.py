@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("controlplane.capacity",),
     ("controlplane.iam",),
     ("controlplane.storage",),
-    ("controlplane.config",),
+    ("controlplane.config", "controlplane.overload"),
     ("shared",),
 )
 PACKAGES = ("controlplane", "agent", "shared")

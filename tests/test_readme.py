@@ -42,7 +42,8 @@ def wait_for(path: Path, text: str, demo: subprocess.Popen[bytes], seconds: floa
 def test_the_readme_walk_runs_as_written(tmp_path: Path) -> None:
     """`make run`, then every marked command of the README in order: a host joins and is
     ready with its two sick GPUs unsold, a reservation is placed and ended on it, a drain
-    completes, the agent the walk started is stopped; the demo's terminal shows no info log
+    completes, the agent the walk started is stopped, a policy change is planned and applied
+    at the plan's version; the demo's terminal shows no info log
     lines, and its commands are in var/try-this.txt."""
     # A working copy as the walk needs it: the venv `make run` made, the recorded hosts.
     (tmp_path / ".venv").symlink_to(sys.prefix)
@@ -102,6 +103,14 @@ def test_the_readme_walk_runs_as_written(tmp_path: Path) -> None:
         assert placed and ended and placed.start() < ended.start(), output
         assert "drain:           drained: kernel update" in output, output
         assert "reboot needed: yes" in output, output  # the local render
+        # C3: an offer for a term, its end shown to the owner and to the tenant
+        assert re.search(r"^offered to globex: gpu 32 \(priority 10, until 20\S+\)$", output, re.M)
+        assert re.search(r"^offer ends: 20\S+Z$", output, re.M), output
+        # C1, C2: the plan of a hostReserve bump, then applied at the version it was made at
+        assert "apply with: --version 2" in output, output
+        assert re.search(r"^vcpu\s+\d+\s+\d+ \(less\)$", output, re.M), output
+        assert "uncovered: globex gpu max 32 over 6 schedulable after" in output, output
+        assert re.search(r"^version:\s+3$", output, re.M), output
         # `kill "$AGENT"` stopped the host's agent: nothing of the walk is left running.
         for _ in range(100):
             try:

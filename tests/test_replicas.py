@@ -3,6 +3,7 @@ method, one leader runs the passes and another takes over, every rule holds acro
 
 import asyncio
 import functools
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -11,14 +12,17 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import psycopg
 import pytest
 
-from controlplane.storage.db import Store
+from controlplane.app import make_app
+from controlplane.config import Config
+from controlplane.storage.db import WRITER_LOCK, Store
 from controlplane.storage.leader import Leadership, NotLeading
 from shared import cpulist
-from tests.conftest import execute
+from tests.conftest import Api, execute
 from tests.daemons import Daemon, call, root_pool
-from tests.nodes import recorded
+from tests.nodes import joined, pool_with_token, recorded, twin, wire
 from tests.tcp_proxy import TcpProxy
 
 INTERVAL = 0.3  # --reconcile-interval: a takeover is due within two of them
@@ -27,8 +31,17 @@ INTERVAL = 0.3  # --reconcile-interval: a takeover is due within two of them
 @pytest.fixture
 def replicas(tmp_path: Path, postgres_url: str) -> Iterator[list[Daemon]]:
     """Two replicas on one fresh PostgreSQL database; the first bootstraps root's token."""
+    yield from serving(tmp_path, postgres_url, 2)
+
+
+@pytest.fixture
+def three_replicas(tmp_path: Path, postgres_url: str) -> Iterator[list[Daemon]]:
+    yield from serving(tmp_path, postgres_url, 3)
+
+
+def serving(tmp_path: Path, postgres_url: str, count: int) -> Iterator[list[Daemon]]:
     running = []
-    for n in range(2):
+    for n in range(count):
         workdir = tmp_path / f"replica{n}"
         (workdir / "data").mkdir(parents=True)
         daemon = Daemon(workdir, "--reconcile-interval", str(INTERVAL), db=postgres_url)
@@ -380,3 +393,168 @@ def test_f2_a_pass_of_a_stale_term_writes_nothing(postgres_url: str) -> None:
 def fenced_write(leadership: Leadership, write: Any, db: Any) -> None:
     leadership.fence(db)
     write(db)
+
+
+async def follow(session: aiohttp.ClientSession, daemon: Daemon, until: asyncio.Event) -> list[int]:
+    """B2, B5: every seq a long-polling reader sees, in order, until ``until`` is set and no
+    event is left; each page must go on from the last seq seen with no gap."""
+    seen: list[int] = []
+    while True:
+        body = {"tenantId": "root", "after": seen[-1] if seen else 0, "limit": 1000}
+        done = until.is_set()
+        page = await call(
+            session, daemon.url, "compute/events/list", daemon.token, {**body, "waitSeconds": 1}
+        )
+        seqs = [event["seq"] for event in page["items"]]
+        assert seqs == list(range(len(seen) + 1, len(seen) + 1 + len(seqs))), (seen[-1:], seqs)
+        seen += seqs
+        if done and not seqs:
+            return seen
+
+
+async def test_b5_joins_and_reports_on_three_replicas_keep_one_gapless_order(
+    three_replicas: list[Daemon], postgres_url: str
+) -> None:
+    """B5 on three replicas: joins side by side spend a join token's uses exactly once each
+    (never over its limit), while reservations on every replica never over-admit the quota and
+    one idempotency key makes one pool; the nodes' first reports turn them ready, and one
+    reader long-polling a replica sees every event's seq once, in order, never one before the
+    seq before it has committed: the log in the database is gapless."""
+    async with aiohttp.ClientSession() as session:
+        first = three_replicas[0]
+        pool = await root_pool(session, first, gpuModel="H100", ownerQuota={"gpu": 16})
+        token = await call(
+            session,
+            first.url,
+            "compute/joinTokens/create",
+            first.token,
+            {"tenantId": "root", "poolId": pool["id"], "maxUses": 20},
+        )
+        stop = asyncio.Event()
+        reader = asyncio.create_task(follow(session, three_replicas[2], stop))
+
+        async def join(n: int) -> tuple[int, Any]:
+            inventory = twin("dgx-h100-01", n)
+            body = {
+                "joinToken": token["token"],
+                "attestor": "join-token",
+                "hostname": inventory.hostname,
+                "inventory": wire(inventory),
+            }
+            url = f"{three_replicas[n % 3].url}/api/compute/nodes/join"
+            async with session.post(url, json=body) as response:
+                return response.status, await response.json()
+
+        async def reserve(n: int) -> str:
+            body = {"tenantId": "root", "poolId": pool["id"], "resources": {"gpu": 1}}
+            daemon = three_replicas[n % 3]
+            url = f"{daemon.url}/api/compute/reservations/create"
+            headers = {"Authorization": f"Bearer {daemon.token}"}
+            async with session.post(url, json=body, headers=headers) as response:
+                answer = await response.json()
+                assert response.status == 200, answer
+                return "admitted" if answer["reason"] != "QuotaExceeded" else "refused"
+
+        async def keyed(n: int) -> str:
+            body = {
+                "tenantId": "root",
+                "siteId": pool["siteId"],
+                "class": "metal-host",
+                "idempotencyKey": "one",
+            }
+            daemon = three_replicas[n % 3]
+            made = await call(session, daemon.url, "compute/pools/create", daemon.token, body)
+            return str(made["id"])
+
+        joins, reserved, pools = await asyncio.gather(
+            asyncio.gather(*(join(n) for n in range(24))),
+            asyncio.gather(*(reserve(n) for n in range(30))),
+            asyncio.gather(*(keyed(n) for n in range(9))),
+        )
+        assert Counter(status for status, _ in joins) == {200: 20, 401: 4}, joins
+        assert Counter(reserved) == {"admitted": 16, "refused": 14}
+        assert len(set(pools)) == 1
+
+        async def ready(n: int, node: Any) -> None:
+            daemon = three_replicas[n % 3]
+            headers = {"Authorization": f"Bearer {node['token']}"}
+            base = f"{daemon.url}/api/compute/nodes"
+            async with session.post(
+                f"{base}/spec", json={"nodeId": node["nodeId"]}, headers=headers
+            ) as response:
+                spec = await response.json()
+            units = [{"id": unit["id"], "status": "applied"} for unit in spec["units"]]
+            applied = {"version": spec["version"], "units": units}
+            body = {
+                "nodeId": node["nodeId"],
+                "inventoryDigest": node["inventoryDigest"],
+                "applied": applied,
+            }
+            async with session.post(f"{base}/report", json=body, headers=headers) as response:
+                assert response.status == 200, await response.json()
+
+        joined_nodes = [answer for status, answer in joins if status == 200]
+        await asyncio.gather(*(ready(n + 1, node) for n, node in enumerate(joined_nodes)))
+        stop.set()
+        seen = await asyncio.wait_for(reader, 30)
+    seqs = [seq for (seq,) in execute(postgres_url, "SELECT seq FROM events ORDER BY seq")]
+    assert seen == seqs == list(range(1, len(seqs) + 1))
+    assert execute(postgres_url, "SELECT uses FROM join_tokens") == [(20,)]
+    used = "SELECT used FROM quotas WHERE resource = 'gpu' AND pool_id = ?"
+    assert execute(postgres_url, used, [pool["id"]]) == [(16,)]
+    kinds = Counter(kind for (kind,) in execute(postgres_url, "SELECT type FROM events"))
+    assert kinds["node.joined"] == kinds["node.ready"] == 20, kinds
+    assert execute(postgres_url, "SELECT state, count(*) FROM nodes GROUP BY state") == [
+        ("ready", 20)
+    ]
+
+
+async def test_b5_a_report_takes_no_lock_another_replica_holds(
+    tmp_path: Path, postgres_url: str, aiohttp_client: Any
+) -> None:
+    """B5, F10: writes scale across replicas: a report that writes only its own node's rows
+    and emits no event completes while another session holds the event order's lock
+    (WRITER_LOCK) and another replica is inside a report transaction of its own."""
+    config = Config(db_path=postgres_url, root_token_file=tmp_path / "root.token")
+    api = Api(await aiohttp_client(make_app(config)), config.root_token_file.read_text().strip())
+    _, token = await pool_with_token(api, gpuModel="H100")
+    nodes = [await joined(api, token, twin("dgx-h100-01", n)) for n in (1, 2)]
+    other = Store(postgres_url)  # another replica's store
+    holding, release = asyncio.Event(), threading.Event()
+    loop = asyncio.get_running_loop()
+
+    def open_report(db: Any) -> None:  # another replica's report, its transaction open
+        db.execute("UPDATE nodes SET updated_at = updated_at WHERE id = ?", [nodes[0]["nodeId"]])
+        loop.call_soon_threadsafe(holding.set)
+        release.wait(30)
+
+    held = asyncio.ensure_future(other.write(open_report, own_rows=nodes[0]["nodeId"]))
+    orders = psycopg.connect(postgres_url, autocommit=False)
+    try:
+        await asyncio.wait_for(holding.wait(), 10)
+        orders.execute("SELECT pg_advisory_xact_lock(%s)", [WRITER_LOCK])
+        applied = {"version": "v", "units": [], "note": "moved"}
+        response = await asyncio.wait_for(
+            api.client.post(
+                "/api/compute/nodes/report",
+                json={
+                    "nodeId": nodes[1]["nodeId"],
+                    "inventoryDigest": nodes[1]["inventoryDigest"],
+                    "applied": applied,
+                },
+                headers={"Authorization": f"Bearer {nodes[1]['token']}"},
+            ),
+            20,
+        )
+        assert response.status == 200, await response.json()
+        assert not held.done()
+        stored = execute(
+            postgres_url, "SELECT applied FROM nodes WHERE id = ?", [nodes[1]["nodeId"]]
+        )
+        assert msgspec.json.decode(stored[0][0]) == applied
+    finally:
+        orders.rollback()
+        orders.close()
+        release.set()
+        await held
+        other.close()

@@ -1,4 +1,5 @@
-"""The one middleware: a request id on every line, the screen, errors mapped, one log line."""
+"""The one middleware: a request id on every line, admission (F10), the screen, errors mapped,
+one log line."""
 
 import contextlib
 import time
@@ -8,9 +9,10 @@ import structlog
 from aiohttp import web
 
 from controlplane.api.answer import error_response, json_response
-from controlplane.api.keys import CALLER, METRICS
+from controlplane.api.keys import BODY, CALLER, METRICS, RUNTIME, SCHEMAS
 from controlplane.api.screen import incoming_request_id, screen
-from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, error_body
+from controlplane.overload import SHED_RETRY_AFTER_S, Overload
+from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, Unavailable, error_body
 from shared.log import log_request
 
 log = structlog.get_logger("controlplane.http")
@@ -19,14 +21,30 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 @web.middleware
 async def request_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """A request id on every log line and error body; one log line per request; errors mapped."""
+    """A request id on every log line and error body; one log line per request; errors mapped.
+    An API method's request is shed (503 with Retry-After) when the replica already handles
+    ``--max-inflight`` of them (F10)."""
     request_id = incoming_request_id(request)
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
     hang_up = False
+    overload: Overload | None = None
+    admitted: Overload | None = None  # holds one of its slots
+    if request.path in request.app.get(SCHEMAS, ()):
+        overload = request.app[RUNTIME].overload
     try:
         try:
+            if overload is not None:
+                if not overload.admit():
+                    raise Unavailable(
+                        "the control plane is overloaded; try again",
+                        retry_after=SHED_RETRY_AFTER_S,
+                    )
+                admitted = overload
             await screen(request)
+            if admitted is not None and getattr(request.get(BODY), "wait_seconds", None):
+                admitted.leave()  # a long-poll waits holding no work: not counted
+                admitted = None
             response = await handler(request)
         except BodyTimedOut as exc:
             response = error_response(exc, request_id)
@@ -51,6 +69,11 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
             response = json_response(
                 error_body("INTERNAL", "internal error", {}, request_id), status=500
             )
+        if admitted is not None:
+            admitted.leave()
+            admitted = None
+        if overload is not None and response.status == 503:
+            overload.behind()  # shed, or its database away: reports may have gone unheard
         elapsed = time.perf_counter() - started
         response.headers["X-Request-Id"] = request_id
         route = request.path if request.match_info.route.resource else "unmatched"
@@ -67,6 +90,8 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
             await answer_and_hang_up(request, response)
         return response
     finally:
+        if admitted is not None:  # cancelled (the client left) before it was answered
+            admitted.leave()
         structlog.contextvars.unbind_contextvars("request_id")
 
 

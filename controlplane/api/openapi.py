@@ -7,7 +7,7 @@ import msgspec
 
 from controlplane.api.method import Method
 from shared.policy import Policy
-from shared.schemas import ErrorBody
+from shared.schemas import ErrorBody, PoolPlan
 
 REF = "#/components/schemas/{name}"
 # The typed policy model (DESIGN §5) as JSON Schema; its parts are named PoolPolicy<Part>.
@@ -19,6 +19,9 @@ POLICY_NOTE = (
 # JSON Schema counts 87.0 as an integer; the server does not (msgspec refuses a float for an
 # int field), so every integer schema says so in words.
 INTEGER_NOTE = "A JSON integer, written without a fraction or an exponent: 87, not 87.0 or 8.7e1."
+
+# C1: pools/update with dryRun answers the plan instead of the pool.
+OTHER_ANSWERS: dict[str, type[msgspec.Struct]] = {"/api/compute/pools/update": PoolPlan}
 
 DESCRIPTION = (
     "Every method is a POST with `Content-Type: application/json` and a body that is a UTF-8"
@@ -54,7 +57,10 @@ def _policy_components() -> dict[str, Any]:
 
 def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
     structs = sorted(
-        {m.request for m in methods} | {m.answer for m in methods} | {ErrorBody},
+        {m.request for m in methods}
+        | {m.answer for m in methods}
+        | {OTHER_ANSWERS[m.path] for m in methods if m.path in OTHER_ANSWERS}
+        | {ErrorBody},
         key=lambda t: t.__name__,
     )
     _, components = msgspec.json.schema_components(structs, ref_template=REF)
@@ -74,6 +80,10 @@ def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
     }
     paths: dict[str, Any] = {}
     for method in methods:
+        answer: dict[str, Any] = {"$ref": REF.format(name=method.answer.__name__)}
+        if method.path in OTHER_ANSWERS:
+            other = REF.format(name=OTHER_ANSWERS[method.path].__name__)
+            answer = {"oneOf": [answer, {"$ref": other}]}
         operation: dict[str, Any] = {
             "operationId": method.operation_id,
             "summary": method.summary,
@@ -90,11 +100,7 @@ def openapi_document(methods: Sequence[Method], version: str) -> dict[str, Any]:
             "responses": {
                 "200": {
                     "description": "OK",
-                    "content": {
-                        "application/json": {
-                            "schema": {"$ref": REF.format(name=method.answer.__name__)}
-                        }
-                    },
+                    "content": {"application/json": {"schema": answer}},
                 },
                 "default": error,
             },

@@ -45,7 +45,8 @@ METHODS = (
         s.PoolsOffer,
         s.PoolView,
         Write(offers.offer_pool),
-        "Offer a pool to a tenant with a quota, or update the offer.",
+        "Offer a pool to a tenant with a quota, or update the offer; notAfter ends it (C3); "
+        "warnings name resources offered over their schedulable capacity (C5).",
         Access("compute:pools:share", "owned-pool"),
     ),
     Method(
@@ -61,7 +62,10 @@ METHODS = (
         s.PoolsUpdate,
         s.PoolView,
         Write(pools.update_pool),
-        "Replace the policy, the GPU model, or both; version + 1.",
+        "Replace the policy, the GPU model, or both; version + 1. With dryRun (C1) nothing "
+        "changes and the answer is {pool, plan}: per node the units added, changed or removed "
+        "and what they need, the bookings in the way, capacity before and after, the offered "
+        "quotas left uncovered.",
         Access("compute:pools:manage", "owned-pool"),
     ),
     Method(

@@ -9,34 +9,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
 from shared.errors import InvalidInput
-from shared.inventory import HugepagePool, Inventory
+from shared.inventory import Inventory
 
 READY, CONFIGURING, QUARANTINED, LOST = "ready", "configuring", "quarantined", "lost"
 CLEAN = frozenset({"applied", "unchanged", "waiting-drain"})  # a unit's outcome that is no fault
 REFUSED_REASON = 500  # characters of a "spec refused: …" stateReason
-
-
-def _settled_pages(pool: HugepagePool | None) -> HugepagePool | None:
-    return None if pool is None else msgspec.structs.replace(pool, free=0)
-
-
-def stable_digest(inventory: Inventory) -> str:
-    """A digest of what capacity, identity and health depend on.
-
-    Temperatures and free huge pages move all the time; counting them as a
-    changed inventory would make every report a write.
-    """
-    gpus = [msgspec.structs.replace(gpu, temperature_c=None) for gpu in inventory.gpus]
-    pages = msgspec.structs.replace(
-        inventory.hugepages,
-        pages_2mi=_settled_pages(inventory.hugepages.pages_2mi),
-        pages_1gi=_settled_pages(inventory.hugepages.pages_1gi),
-    )
-    stable = msgspec.structs.replace(inventory, gpus=gpus, hugepages=pages)
-    return hashlib.sha256(msgspec.json.encode(stable)).hexdigest()
 
 
 def identity_of(inventory: Inventory) -> str:

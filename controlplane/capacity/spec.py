@@ -20,6 +20,20 @@ from shared.policy import Policy
 from shared.render import render
 
 
+def units_for(
+    policy: Policy,
+    sharing: str,
+    gpu_model: str | None,
+    inventory: Inventory,
+    booked: frozenset[str] = frozenset(),
+) -> NodeSpecUnits:
+    """The units a host runs under the policy (N6), what the reconciler serves and a plan
+    (capacity/plan.py) compares; ``booked`` GPUs keep their MIG layout (U3)."""
+    return render(
+        policy, sharing=sharing, gpu_model=gpu_model, inventory=inventory, booked_gpus=booked
+    )
+
+
 def unit_key(unit: Unit) -> str:
     """What a unit asks of the host, without the GPUs it lists (they move with bookings)."""
     return hashlib.sha256(msgspec.json.encode(msgspec.structs.replace(unit, gpus=[]))).hexdigest()
@@ -84,13 +98,7 @@ def respecify(
     if done != node.applied_units:
         fields.update(applied_units=msgspec.json.encode(done).decode())
     try:
-        units = render(
-            policy,
-            sharing=pool.sharing,
-            gpu_model=pool.gpu_model,
-            inventory=inventory,
-            booked_gpus=booked,
-        )
+        units = units_for(policy, pool.sharing, pool.gpu_model, inventory, booked)
     except RenderRefused as exc:
         kept = node.spec
         return Respecified(

@@ -227,6 +227,7 @@ def show_res(r: dict[str, Any]) -> None:
         ["node:", node],
         ["reason:", r.get("reason")],
         ["expires:", r.get("expiresAt")],
+        ["ends:", r.get("endsAt")],
         ["delivery:", delivery_text(r.get("delivery"))],
     ]
     if placement:
@@ -251,14 +252,16 @@ def reservations() -> None:
 @click.option("--resource", type=KeyInt(), multiple=True, required=True, help="gpu=2, repeatable")
 @click.option("--mig-profile", help="e.g. 1g.10gb, with gpu.mig")
 @click.option("--idempotency-key")
+@click.option("--duration", type=int, help="durationSeconds: it ends TimeUp then (C4)")
 def reservations_create(
     tenant: str | None,
     pool_id: str,
     resource: tuple[tuple[str, int], ...],
     mig_profile: str | None,
     idempotency_key: str | None,
+    duration: int | None,
 ) -> None:
-    """Reserve resources in a pool."""
+    """Reserve resources in a pool, for a term with --duration."""
     tenant_id = tenant_of(tenant)
     body = {
         "tenantId": tenant_id,
@@ -266,6 +269,7 @@ def reservations_create(
         "resources": dict(resource),
         "migProfile": mig_profile,
         "idempotencyKey": idempotency_key,
+        "durationSeconds": duration,
     }
     answer = call("compute/reservations/create", body)
     emit(answer, show_res)

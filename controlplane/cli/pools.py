@@ -49,20 +49,88 @@ POOL_HEADERS = ["ID", "MODEL", "CLASS", "SHARING", "OWNED", "ARCHIVED", "QUOTA"]
 pool_table = items(POOL_HEADERS, pool_row, fit="QUOTA")
 
 
-def show_pool(p: dict[str, Any]) -> None:
-    for warning in p.get("warnings", []):  # create and update: policy fields nothing reads (P9)
+def warn(answer: dict[str, Any]) -> None:
+    """The answer's warnings on stderr: policy fields nothing reads (P9), resources offered
+    over their schedulable capacity (C5)."""
+    for warning in answer.get("warnings", []):
         click.echo(f"warning: {warning}", err=True)
+
+
+def show_pool(p: dict[str, Any]) -> None:
+    warn(p)
     fields(["id", "ownerTenantId", "siteId", "class", "gpuModel", "sharing", "agent", "version"])(p)
     click.echo(f"owned: {yes(p['owned'])}  archived: {yes(p['archived'])}")
     click.echo(f"quota: {quota_cell(p['quotas'])}")
     for offer in p.get("offers", []):
         quota = ", ".join(f"{k} {v}" for k, v in offer["quota"].items())
-        click.echo(f"offered to {offer['toTenantId']}: {quota} (priority {offer['priority']})")
+        ends = f", until {offer['notAfter']}" if offer.get("notAfter") else ""
+        click.echo(
+            f"offered to {offer['toTenantId']}: {quota} (priority {offer['priority']}{ends})"
+        )
+    if p.get("offerEndsAt"):  # C3: the end of the offer this tenant holds
+        click.echo(f"offer ends: {p['offerEndsAt']}")
     click.echo(f"policy: {short(p['policy'])}")
+
+
+SHOWN_HOSTS = 5  # a group of nodes names this many of its hosts
+
+
+def show_plan(answer: dict[str, Any]) -> None:
+    """C1, C2: a dry-run update for people: the nodes grouped by what the change does to them
+    (the units it adds, changes or removes and what they need), the bookings in the way,
+    capacity before → after, the offered quotas the new capacity would not cover, and the
+    version to apply it with."""
+    plan = answer["plan"]
+    warn(plan)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for node in plan["nodes"]:
+        key = repr([node["units"], node["drainNeeded"], node["rebootNeeded"]])
+        groups.setdefault(key, []).append(node)
+    for nodes in groups.values():
+        first = nodes[0]
+        hosts = ", ".join(n["hostname"] for n in nodes[:SHOWN_HOSTS])
+        more = f" and {len(nodes) - SHOWN_HOSTS} more" if len(nodes) > SHOWN_HOSTS else ""
+        needs = [
+            what
+            for what, flag in (("drain", first["drainNeeded"]), ("reboot", first["rebootNeeded"]))
+            if flag
+        ]
+        count = f"{len(nodes)} node" + ("s" if len(nodes) > 1 else "")
+        click.echo(f"{count} ({hosts}{more}): " + (", ".join(needs) or "no drain, no reboot"))
+        for unit in first["units"]:
+            needed = "".join(f"  needs {n}" for n in unit["needs"])
+            click.echo(f"  {unit['change']:<6} {unit['id']}{needed}")
+        if not first["units"]:
+            click.echo("  no unit changes")
+        in_the_way = [r for n in nodes for r in n["bookingsInTheWay"]]
+        if in_the_way:
+            click.echo(f"  bookings in the way: {', '.join(in_the_way)}")
+    click.echo()
+    table(
+        ["RESOURCE", "BEFORE", "AFTER"],
+        [
+            [
+                c["resource"],
+                c["before"],
+                f"{c['after']}" + (" (less)" if c["after"] < c["before"] else ""),
+            ]
+            for c in plan["capacity"]
+        ],
+    )
+    uncovered = [q for q in plan["quotas"] if not q["covered"]]
+    for quota in uncovered:
+        click.echo(
+            f"uncovered: {quota['tenantId']} {quota['resource']} max {quota['max']} over "
+            f"{quota['schedulableAfter']} schedulable after"
+        )
+    if not uncovered:
+        click.echo("every offered quota stays covered")
+    click.echo(f"apply with: --version {answer['pool']['version']}")
 
 
 CAPACITY_HEADERS = [
     "RESOURCE", "TOTAL", "SCHEDULABLE", "ALLOCATED", "AVAILABLE", "RELEASING", "OFFERED",
+    "COVERAGE",
 ]  # fmt: skip
 
 
@@ -70,7 +138,8 @@ def capacity_table(answer: Any) -> None:
     """H6, the capacity ledger: TOTAL over every node, SCHEDULABLE over ready, schedulable
     nodes and healthy GPUs, ALLOCATED booked, AVAILABLE schedulable and not booked, RELEASING
     the part of ALLOCATED that ended bookings hold until their host confirms the release (D7),
-    OFFERED the quota sold to other tenants (the owner's view only; `-` for anyone else)."""
+    OFFERED the quota sold to other tenants and COVERAGE schedulable ÷ offered (C5: under 1
+    oversold), the owner's view only (`-` for anyone else and where nothing is offered)."""
     table(
         CAPACITY_HEADERS,
         [
@@ -82,6 +151,7 @@ def capacity_table(answer: Any) -> None:
                 r["available"],
                 r["releasing"],
                 r.get("offered"),
+                None if r.get("coverage") is None else f"{r['coverage']:.2f}",
             ]
             for r in answer["items"]
         ],
@@ -166,6 +236,11 @@ def pools_create(
 @quota_option
 @click.option("--include-descendants", is_flag=True)
 @click.option("--priority", type=click.IntRange(-1000, 1000))
+@click.option(
+    "--not-after",
+    help="when the offer ends (RFC 3339, e.g. 2027-01-01T00:00:00Z); `none` clears it; "
+    "left out, an existing offer keeps its end",
+)
 def pools_offer(
     tenant: str | None,
     pool_id: str,
@@ -173,8 +248,9 @@ def pools_offer(
     quota: tuple[tuple[str, int], ...],
     include_descendants: bool,
     priority: int | None,
+    not_after: str | None,
 ) -> None:
-    """Offer a pool to a tenant with a quota."""
+    """Offer a pool to a tenant with a quota, for a term with --not-after (C3)."""
     tenant_id = tenant_of(tenant)
     body = {
         "tenantId": tenant_id,
@@ -183,8 +259,10 @@ def pools_offer(
         "quota": dict(quota),
         "includeDescendants": include_descendants,
         "priority": priority,
+        "notAfter": None if not_after == "none" else not_after,
     }
-    emit(call("compute/pools/offer", body), show_pool)
+    clears = ("notAfter",) if not_after == "none" else ()
+    emit(call("compute/pools/offer", body, nulls=clears), show_pool)
 
 
 @pools.command("unoffer")
@@ -204,11 +282,30 @@ def pools_unoffer(tenant: str | None, pool_id: str, to_tenant: str) -> None:
 @click.argument("pool_id")
 @policy_option
 @click.option("--gpu-model")
-def pools_update(tenant: str | None, pool_id: str, policy: Any, gpu_model: str | None) -> None:
-    """Change a pool's policy or GPU model."""
+@click.option("--version", type=click.IntRange(1), help="the version the change was planned at")
+@click.option("--dry-run", is_flag=True, help="change nothing: print the plan (C1)")
+def pools_update(
+    tenant: str | None,
+    pool_id: str,
+    policy: Any,
+    gpu_model: str | None,
+    version: int | None,
+    dry_run: bool,
+) -> None:
+    """Change a pool's policy or GPU model; --dry-run plans it first (nodes, units and what
+    they need, capacity before → after, uncovered quotas), --version applies that plan."""
     tenant_id = tenant_of(tenant)
-    body = {"tenantId": tenant_id, "poolId": whole(POOL, pool_id, tenant_id), "policy": policy}
-    emit(call("compute/pools/update", {**body, "gpuModel": gpu_model}), show_pool)
+    body = {
+        "tenantId": tenant_id,
+        "poolId": whole(POOL, pool_id, tenant_id),
+        "policy": policy,
+        "gpuModel": gpu_model,
+        "version": version,
+    }
+    if dry_run:
+        emit(call("compute/pools/update", {**body, "dryRun": True}), show_plan)
+    else:
+        emit(call("compute/pools/update", body), show_pool)
 
 
 @pools.command("archive")
@@ -249,6 +346,7 @@ QUOTA_HEADERS = ["TENANT", "POOL", "RESOURCE", "USED/MAX", "AVAILABLE"]
 
 
 def quota_rows(answer: Any) -> None:
+    warn(answer)
     table(
         QUOTA_HEADERS,
         [

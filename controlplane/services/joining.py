@@ -15,7 +15,6 @@ from controlplane.capacity.admission import (
     check_family,
     identity_of,
     same_host,
-    stable_digest,
 )
 from controlplane.capacity.nodes import reconcile_isolated
 from controlplane.capacity.resources import HostFacts
@@ -28,13 +27,13 @@ from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
-from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage.db import RunAlone, Store, now, timestamp
 from controlplane.storage.node_types import JoinTokenRow
 from controlplane.storage.sql import Database
 from shared.errors import Conflict, InvalidInput, InvalidState, Unauthenticated
 from shared.gpu import with_families
 from shared.ids import new_id
-from shared.inventory import Inventory
+from shared.inventory import Inventory, stable_digest
 from shared.schemas import (
     JoinTokenCreated,
     JoinTokensCreate,
@@ -89,6 +88,12 @@ async def create_join_token(store: Store, call: Call[JoinTokensCreate]) -> JoinT
         )
 
     return await store.write(txn)
+
+
+def held_digest(inventory_hash: str | None) -> str | None:
+    """F9: the digest of the inventory held for a node, as answers give it: its stored
+    ``stable_digest`` column (never recomputed), or None when none is held."""
+    return None if inventory_hash is None else f"sha256:{inventory_hash}"
 
 
 def inventory_fields(inventory: Inventory, digest: str) -> dict[str, Any]:
@@ -152,9 +157,6 @@ async def join_node(store: Store, call: Call[NodesJoin]) -> NodeJoined:
             "last_seen_at": at,
             "updated_at": at,
         }
-        # R8: a re-join mints a new node credential, so it spends a use like a first join:
-        # a used-up token plus a host's public identifiers cannot take over its node.
-        node_sql.use_join_token(db, join_token.id)
         if existing is None:
             node_id = new_id("node")
             site = site_sql.get_site(db, pool.site_id)
@@ -172,6 +174,8 @@ async def join_node(store: Store, call: Call[NodesJoin]) -> NodeJoined:
                 },
             )
         else:
+            if db.own_rows is not None:  # B5: a re-join writes more than a new node's rows
+                raise RunAlone
             node_id = existing.id
             if existing.state == LOST:
                 res_sql.clear_node_lost(db, node_id)  # its bookings carry on
@@ -196,8 +200,18 @@ async def join_node(store: Store, call: Call[NodesJoin]) -> NodeJoined:
             },
             audience=[pool.owner_tenant_id],
         )
+        # R8: a re-join mints a new node credential, so it spends a use like a first join:
+        # a used-up token plus a host's public identifiers cannot take over its node. Last,
+        # so that joins side by side wait on the token's row only for each other's commit.
+        if not node_sql.use_join_token(db, join_token.id):
+            raise Unauthenticated("the join token is used up")
         return NodeJoined(
-            node_id=node_id, token=token, pool_id=pool.id, rejoined=existing is not None
+            node_id=node_id,
+            token=token,
+            pool_id=pool.id,
+            rejoined=existing is not None,
+            inventory_digest=f"sha256:{digest}",
         )
 
-    return await store.write(txn)
+    # B5: a first join writes its new node's rows only: beside other joins and reports.
+    return await store.write(txn, own_rows=identity_of(inventory))

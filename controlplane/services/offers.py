@@ -1,14 +1,21 @@
-"""Offers and quotas: pools.offer, pools.unoffer, quotas.set (O1–O6, E1)."""
+"""Offers and quotas: pools.offer, pools.unoffer, quotas.set (O1–O6, E1); offers that end
+(C3) and the coverage warnings of what is offered (C5)."""
+
+import time
+from datetime import datetime
+
+from msgspec import UNSET, UnsetType
 
 from controlplane.services.call import Call
-from controlplane.services.quotas import drop_to_in_use, grant
+from controlplane.services.quotas import coverage_warnings, drop_to_in_use, grant
 from controlplane.services.views import pool_view, quota_row
 from controlplane.storage import events
 from controlplane.storage import iam as iam_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage import sites as site_sql
-from controlplane.storage.db import Store, now
+from controlplane.storage.db import Store, now, timestamp
+from controlplane.storage.ledger_types import OfferRow
 from controlplane.storage.sql import Database
 from controlplane.storage.types import PoolRow
 from shared.errors import InvalidInput, InvalidState, NotFound
@@ -22,6 +29,22 @@ from shared.schemas import (
 )
 
 SINGLE_TENANT_SHARING = ("timeslice", "mps")  # S1: no isolation between slots
+OFFER_TERM_MAX = 10 * 366 * 86400  # C3: an offer ends at most 10 years ahead
+
+
+def offer_end(given: datetime | UnsetType | None, kept: str | None) -> str | None:
+    """C3: the end an offer takes: as given (null clears it), else the one it ``kept``; a
+    given end is in the future and at most 10 years ahead."""
+    if given is UNSET:
+        return kept
+    if given is None:
+        return None
+    at = given.timestamp()
+    if at <= time.time():
+        raise InvalidInput("notAfter must be in the future", field="notAfter")
+    if at > time.time() + OFFER_TERM_MAX:
+        raise InvalidInput("notAfter must be at most 10 years ahead", field="notAfter")
+    return timestamp(at)
 
 
 def _check_offer_rules(db: Database, pool: PoolRow, req: PoolsOffer) -> None:
@@ -60,14 +83,21 @@ async def offer_pool(store: Store, call: Call[PoolsOffer]) -> PoolView:
             raise InvalidState("the pool is archived")
         at = now()
         target = req.to_tenant_id
+        not_after = None
         if target != pool.owner_tenant_id:
             if iam_sql.get_tenant(db, target) is None:
                 raise NotFound("tenant not found", field="toTenantId")
             _check_offer_rules(db, pool, req)
             site = site_sql.get_site(db, pool.site_id)
             assert site is not None
-            pool_sql.put_offer(db, pool.id, target, req.include_descendants, req.priority, at)
+            kept = pool_sql.offer_to(db, pool.id, target)
+            not_after = offer_end(req.not_after, kept.not_after if kept else None)
+            pool_sql.put_offer(
+                db, pool.id, target, req.include_descendants, req.priority, at, not_after
+            )
             pool_sql.put_authz(db, target, pool, site.region)  # O5
+        elif req.not_after not in (UNSET, None):
+            raise InvalidInput("the owner's own quota has no end", field="notAfter")
         _, rows = grant(db, pool.id, target, dict(req.quota), at)  # O2
         stored = {row.resource: row.max for row in rows if row.resource in req.quota}
         events.append(
@@ -79,16 +109,24 @@ async def offer_pool(store: Store, call: Call[PoolsOffer]) -> PoolView:
                 "quota": stored,
                 "includeDescendants": req.include_descendants,
                 "priority": req.priority,
+                # C3: the offer's end, when it has one or this offer cleared it
+                **({"notAfter": not_after} if not_after or req.not_after is None else {}),
             },
             audience=[pool.owner_tenant_id, target],
         )
-        return pool_view(db, pool, target, quotas=rows)
+        view = pool_view(db, pool, target, quotas=rows, offer_end=not_after)
+        warnings = coverage_warnings(db, pool.id, pool.owner_tenant_id)  # C5
+        if warnings:
+            view.warnings = warnings
+        return view
 
     return await store.write(txn)
 
 
-def withdraw_offer(db: Database, pool: PoolRow, tenant: str) -> bool:
-    """O6: remove the offer, drop quotas to what is in use, remove the authz row, emit the event."""
+def withdraw_offer(db: Database, pool: PoolRow, tenant: str, reason: str | None = None) -> bool:
+    """O6: remove the offer, drop quotas to what is in use, remove the authz row, emit the
+    event; C3: the reconciler withdraws an offer whose end passed here too (``reason``
+    ``expired``)."""
     pool_id = str(pool.id)
     if not pool_sql.delete_offer(db, pool_id, tenant):
         return False
@@ -99,10 +137,17 @@ def withdraw_offer(db: Database, pool: PoolRow, tenant: str) -> bool:
         db,
         "pool.unoffered",
         pool_id=pool_id,
-        data={"toTenantId": tenant},
+        data={"toTenantId": tenant} if reason is None else {"toTenantId": tenant, "reason": reason},
         audience=[str(pool.owner_tenant_id), tenant],
     )
     return True
+
+
+def expire_offer(db: Database, offer: OfferRow) -> bool:
+    """C3: an offer whose end passed is withdrawn as pools/unoffer withdraws one."""
+    pool = pool_sql.get_pool(db, offer.pool_id)
+    assert pool is not None
+    return withdraw_offer(db, pool, offer.to_tenant_id, reason="expired")
 
 
 async def unoffer_pool(store: Store, call: Call[PoolsUnoffer]) -> Unoffered:
@@ -139,6 +184,10 @@ async def set_quota(store: Store, call: Call[QuotasSet]) -> QuotaRows:
                 data={"forTenantId": target, "quota": changed},
                 audience=[pool.owner_tenant_id, target],
             )
-        return QuotaRows(items=[quota_row(r) for r in rows])
+        answer = QuotaRows(items=[quota_row(r) for r in rows])
+        warnings = coverage_warnings(db, pool.id, pool.owner_tenant_id)  # C5
+        if warnings:
+            answer.warnings = warnings
+        return answer
 
     return await store.write(txn)

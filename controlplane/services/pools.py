@@ -4,15 +4,17 @@ Every mutation runs as one function inside the writer's transaction: the
 checks, the rows, the version and the event commit together or not at all.
 """
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from msgspec import UNSET
 
+from controlplane.capacity.plan import Change, plan_change
 from controlplane.iam.decide import decide
 from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
-from controlplane.services.quotas import drop_to_in_use, grant
+from controlplane.services.quotas import coverage, drop_to_in_use, grant
 from controlplane.services.views import offers_by_pool, pool_view, pool_views
 from controlplane.storage import events
 from controlplane.storage import pools as pool_sql
@@ -31,6 +33,7 @@ from shared.schemas import (
     CapacityList,
     CapacityRow,
     PoolList,
+    PoolPlan,
     PoolsArchive,
     PoolsCapacity,
     PoolsCreate,
@@ -207,7 +210,10 @@ def list_pools(db: Database, call: Call[PoolsList]) -> PoolList:
     )
     figures = quota_sql.quota_figures(db, req.tenant_id, after, rows[-1][0]) if rows else []
     offers = offers_by_pool(db, [row[0] for row in rows if row[1] == req.tenant_id])
-    return PoolList(items=pool_views(rows, req.tenant_id, figures, offers), next=cursor)
+    ends = pool_sql.offer_ends(
+        db, req.tenant_id, [row[0] for row in rows if row[1] != req.tenant_id]
+    )
+    return PoolList(items=pool_views(rows, req.tenant_id, figures, offers, ends), next=cursor)
 
 
 def pool_capacity(db: Database, call: Call[PoolsCapacity]) -> CapacityList:
@@ -229,6 +235,9 @@ def pool_capacity(db: Database, call: Call[PoolsCapacity]) -> CapacityList:
                 available=row.available,
                 releasing=row.releasing,
                 offered=UNSET if offered is None else offered.get(resource, 0),
+                coverage=UNSET
+                if offered is None
+                else coverage(row.schedulable, offered.get(resource, 0)),
             )
             for resource in sorted(ledger.keys() | (offered or {}).keys())
             # What was sold with no capacity behind it at all is the gap the ledger shows.
@@ -247,40 +256,62 @@ def _refresh_authz(db: Database, pool: PoolRow, region: str) -> list[str]:
     return tenants
 
 
-async def update_pool(store: Store, call: Call[PoolsUpdate]) -> PoolView:
+@dataclass(frozen=True)
+class Updated:
+    """What pools/update makes of a pool (U1, U2), before anything is written: the real
+    update writes it, a dry run (C1) plans it."""
+
+    pool: PoolRow  # as it would be stored, its version still the current one
+    model: Policy  # the new policy, typed
+    region: str  # the site's, for the authz rows
+
+
+def updated(db: Database, call: Call[PoolsUpdate]) -> Updated:
+    """The checks of an update and the pool it would make (U1, U2, P6)."""
     req = call.body
-    attestors = call.env.attestors
+    pool = call.pool  # owned, at the version asked (R3), decided in this transaction
+    if pool.archived_at is not None:
+        raise InvalidState("the pool is archived")
+    policy = pool.policy if req.policy is UNSET else req.policy
+    gpu_model = pool.gpu_model if req.gpu_model is UNSET else req.gpu_model
+    site = site_sql.get_site(db, pool.site_id)
+    assert site is not None
+    model = check_policy(
+        policy,
+        pool_class=pool.pool_class,
+        sharing=pool.sharing,
+        gpu_model=gpu_model,
+        site_kind=site.kind,
+        attestors=call.env.attestors,
+    )
+    if model.singleTenant is True and not pool.single_tenant:
+        offers = pool_sql.offers_of(db, pool.id)
+        if len(offers) > 1 or any(o.include_descendants for o in offers):
+            raise InvalidState(
+                "singleTenant needs at most one offered tenant and no includeDescendants",
+                field="policy.singleTenant",
+            )
+    new = msgspec.structs.replace(
+        pool, gpu_model=gpu_model, policy_json=msgspec.json.encode(policy).decode()
+    )
+    return Updated(new, model, site.region)
+
+
+async def update_pool(store: Store, call: Call[PoolsUpdate]) -> PoolView | PoolPlan:
+    req = call.body
     if req.policy is UNSET and req.gpu_model is UNSET:
         raise InvalidInput("give policy, gpuModel or both", field="policy")
+    if req.dry_run:
+        return await store.read(lambda db: plan_update(db, call))
 
     def txn(db: Database) -> PoolView:
-        pool = call.pool  # owned, at the version asked (R3), decided in this transaction
-        if pool.archived_at is not None:
-            raise InvalidState("the pool is archived")
-        policy = pool.policy if req.policy is UNSET else req.policy
-        gpu_model = pool.gpu_model if req.gpu_model is UNSET else req.gpu_model
-        site = site_sql.get_site(db, pool.site_id)
-        assert site is not None
-        model = check_policy(
-            policy,
-            pool_class=pool.pool_class,
-            sharing=pool.sharing,
-            gpu_model=gpu_model,
-            site_kind=site.kind,
-            attestors=attestors,
-        )
-        if model.singleTenant is True and not pool.single_tenant:
-            offers = pool_sql.offers_of(db, pool.id)
-            if len(offers) > 1 or any(o.include_descendants for o in offers):
-                raise InvalidState(
-                    "singleTenant needs at most one offered tenant and no includeDescendants",
-                    field="policy.singleTenant",
-                )
+        change = updated(db, call)
+        pool = change.pool
         at = now()
-        pool_sql.update_pool(db, pool.id, gpu_model, msgspec.json.encode(policy).decode(), at)
-        updated = pool_sql.get_pool(db, pool.id)
-        assert updated is not None
-        audience = _refresh_authz(db, updated, site.region)
+        pool_sql.update_pool(db, pool.id, pool.gpu_model, pool.policy_json, at)
+        stored = pool_sql.get_pool(db, pool.id)
+        assert stored is not None
+        audience = _refresh_authz(db, stored, change.region)
         changed = [
             name
             for name, given in (("policy", req.policy), ("gpuModel", req.gpu_model))
@@ -290,12 +321,32 @@ async def update_pool(store: Store, call: Call[PoolsUpdate]) -> PoolView:
             db,
             "pool.updated",
             pool_id=pool.id,
-            data={"version": updated.version, "changed": changed, "gpuModel": gpu_model},
+            data={"version": stored.version, "changed": changed, "gpuModel": pool.gpu_model},
             audience=audience,
         )
-        return pool_view(db, updated, req.tenant_id)
+        return pool_view(db, stored, req.tenant_id)
 
     return _with_warnings(await store.write(txn))
+
+
+def plan_update(db: Database, call: Call[PoolsUpdate]) -> PoolPlan:
+    """C1: the update's plan, read in one snapshot and written nowhere: the pool as it would
+    be (its current version: the one to apply it with, R3) and what it does to the fleet."""
+    current = call.pool
+    change = updated(db, call)
+    view = _with_warnings(pool_view(db, change.pool, call.body.tenant_id))
+    before = current.model
+    plan = plan_change(
+        db,
+        Change(
+            pool=current,
+            before=before if before is not None else change.model,
+            after=change.model,
+            gpu_model=change.pool.gpu_model,
+        ),
+        [] if view.warnings is UNSET else view.warnings,
+    )
+    return PoolPlan(pool=view, plan=plan)
 
 
 def archive_in_txn(db: Database, pool: PoolRow, *, reason: str | None = None) -> list[str]:

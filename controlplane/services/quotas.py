@@ -58,6 +58,27 @@ def drop_to_in_use(db: Database, pool_id: str, tenant_id: str, at: str) -> None:
             quota_sql.put_quota(db, pool_id, tenant_id, row.resource, maximum, at)
 
 
+def coverage(schedulable: int, offered: int) -> float | None:
+    """C5: schedulable ÷ offered; None when nothing is offered, 0 when nothing is
+    schedulable; under 1 the resource is oversold."""
+    return None if offered == 0 else schedulable / offered
+
+
+def oversold(offered: dict[str, int], schedulable: dict[str, int]) -> list[str]:
+    """C5: a warning for each resource whose offered maxima exceed its schedulable capacity."""
+    return [
+        f"quota {resource}: {amount} offered over {schedulable.get(resource, 0)} schedulable"
+        for resource, amount in sorted(offered.items())
+        if amount > schedulable.get(resource, 0)
+    ]
+
+
+def coverage_warnings(db: Database, pool_id: str, owner: str) -> list[str]:
+    """C5: what pools/offer and quotas/set warn of, as the pool stands after the change."""
+    schedulable = {row.resource: row.schedulable for row in pool_sql.capacity_ledger(db, pool_id)}
+    return oversold(quota_sql.offered_maxima(db, pool_id, owner), schedulable)
+
+
 def list_quotas(db: Database, call: Call[QuotasList]) -> QuotaList:
     """The caller tenant's own rows on pools it can still see, in (pool, resource) order, a
     page at a time (B1); the cursor moves past the rows of pools the credential may not read

@@ -6,13 +6,13 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from controlplane.capacity.admission import LOST, stable_digest
+from controlplane.capacity.admission import LOST
 from controlplane.capacity.handover import take_report
 from controlplane.capacity.nodes import Failed, reconcile_isolated
 from controlplane.capacity.states import back_from_lost, health_events, state_event
 from controlplane.iam.tokens import token_hash
 from controlplane.services.call import Call
-from controlplane.services.joining import inventory_fields
+from controlplane.services.joining import held_digest, inventory_fields
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
@@ -20,6 +20,7 @@ from controlplane.storage.db import Store, now
 from controlplane.storage.node_types import NodeRow, ReconcileRow
 from controlplane.storage.sql import Database
 from shared.gpu import with_families
+from shared.inventory import stable_digest
 from shared.nodespec import NodeSpecUnits
 from shared.schemas import (
     NodeSpec,
@@ -58,10 +59,30 @@ def newly_failed(node: NodeRow, applied: dict[str, Any] | UnsetType) -> set[str]
     return failed_units(applied, ids) - failed_units(node.applied, ids)
 
 
+def answer(node: NodeRow, spec_version: str | None, sent: str | UnsetType) -> Reported:
+    """F9: a report's answer, with the digest of the inventory held for the node; the whole
+    inventory is wanted when the report's digest (``sent``) is not it, or none is held."""
+    held = held_digest(node.inventory_hash)
+    wanted = held is None or (sent is not UNSET and sent != held)
+    return Reported(spec_version=spec_version or "", inventory_digest=held, inventory_wanted=wanted)
+
+
 async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
+    """A node's report: its inventory whole, or (F9) the digest of the one held for it.
+
+    A digest report decodes no inventory. When its digest is the one held it is the whole
+    inventory as far as this report goes; when not, the node is alive (a heartbeat) but
+    nothing else of the report is taken, and the answer asks for the whole inventory.
+    """
     liveness, node, req = call.env.liveness, call.node, call.body
-    inventory = with_families(req.inventory)
-    digest = stable_digest(inventory)
+    sent = req.inventory_digest
+    if sent is not UNSET and sent != held_digest(node.inventory_hash):
+        liveness.seen(node.id)  # alive; its inventory, applied units and bookings wait
+        return answer(node, node.spec_version, sent)
+    inventory = None if isinstance(req.inventory, UnsetType) else with_families(req.inventory)
+    digest = node.inventory_hash if inventory is None else stable_digest(inventory)
+    # the inventory reported whole, and its digest
+    whole = None if inventory is None or digest is None else (inventory, digest)
     applied = None if req.applied is UNSET else msgspec.json.encode(req.applied).decode()
     deliveries = None if req.bookings is UNSET else msgspec.json.encode(req.bookings).decode()
     unchanged = (
@@ -71,10 +92,13 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
     )
     if unchanged and node.state != LOST:
         liveness.seen(node.id)  # nothing new: no write (liveness is batched)
-        return Reported(spec_version=node.spec_version or "")
+        return answer(node, node.spec_version, sent)
 
     def txn(db: Database) -> tuple[Reported, set[str]]:
         current = call.node  # read afresh by the credential's check in this transaction
+        if sent is not UNSET and sent != held_digest(current.inventory_hash):
+            liveness.seen(current.id)  # its inventory moved meanwhile: ask for it
+            return answer(current, current.spec_version, sent), set()
         pool = node_sql.pool_of_node(db, current.pool_id)
         assert pool is not None
         failed = newly_failed(current, req.applied)
@@ -84,12 +108,12 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
             fields.update(applied=applied)
         if deliveries is not None and deliveries != current.deliveries_json:
             fields.update(deliveries=deliveries)
-        moved = digest != current.inventory_hash
-        if moved:
+        moved = whole is not None and whole[1] != current.inventory_hash
+        if whole is not None and moved:
             # R4: the hostname is join's (validated there); a report never rewrites it.
-            fields.update(inventory_fields(inventory, digest))
+            fields.update(inventory_fields(*whole))
             fields.update(inventory_rev=current.inventory_rev + 1)
-            health_events(db, current, pool.owner_tenant_id, current.inventory, inventory)
+            health_events(db, current, pool.owner_tenant_id, current.inventory, whole[0])
         if current.state == LOST:
             back, reason = back_from_lost(current)
             fields.update(state=back, state_reason=reason)
@@ -108,9 +132,12 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
         reported = current.updated(fields, inventory if moved else None)
         done = reconcile_isolated(db, ReconcileRow(node=reported, pool=pool))
         version = reported.spec_version if isinstance(done, Failed) else done.spec_version
-        return Reported(spec_version=version or ""), failed
+        return answer(reported, version, sent), failed
 
-    reported, failed = await store.write(txn)
+    # B5: a report writes its own node's rows only (beside other reports and joins), unless
+    # it moves bookings, which hold tenants' quotas: then it runs alone.
+    alone = req.bookings is not UNSET and bool(req.bookings)
+    reported, failed = await store.write(txn, own_rows=None if alone else node.id)
     for unit in failed:  # counted once committed
         call.env.counters.unit_failed(node.pool_id, unit)
     return reported

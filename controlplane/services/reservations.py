@@ -22,6 +22,7 @@ from controlplane.services.budgets import spent_hours
 from controlplane.services.call import Call
 from controlplane.services.paging import page, position, scope
 from controlplane.storage import budgets as budget_sql
+from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now, timestamp
@@ -59,6 +60,7 @@ def view(row: ReservationRow) -> ReservationView:
         placed_at=row.placed_at,
         ended_at=row.ended_at,
         expires_at=row.expires_at,
+        ends_at=row.ends_at,
         placement=row.placement,
         delivery=(
             None
@@ -109,6 +111,30 @@ def _max_pending(max_pending: str | None) -> float | None:
     return int(match[1]) * _SECONDS[match[2]] if match else None
 
 
+def _ends_at(db: Database, pool: PoolRow, req: ReservationsCreate) -> str | None:
+    """C4: when a reservation with ``durationSeconds`` ends: never after the end of the offer
+    it is made under (C3)."""
+    if req.duration_seconds is UNSET:
+        return None
+    ends_at = timestamp(time.time() + req.duration_seconds)
+    offer = pool_sql.offer_to(db, pool.id, req.tenant_id)
+    if offer is not None and offer.not_after is not None and ends_at > offer.not_after:
+        raise InvalidInput(
+            f"durationSeconds would end the reservation at {ends_at}, after its offer "
+            f"ends at {offer.not_after}",
+            field="durationSeconds",
+            offerEndsAt=offer.not_after,
+        )
+    return ends_at
+
+
+def end_timed_up(db: Database, row: ReservationRow) -> bool:
+    """C4: a reservation whose duration ran out ends TimeUp: its quota back at once, its
+    bookings released as the host confirms (D7)."""
+    finish(db, row, "ended", "TimeUp", f"its duration ran out at {row.ends_at}")
+    return True
+
+
 async def create_reservation(store: Store, call: Call[ReservationsCreate]) -> ReservationView:
     principal, req = call.principal, call.body
     resources: dict[str, int] = msgspec.to_builtins(req.resources)
@@ -137,6 +163,7 @@ async def create_reservation(store: Store, call: Call[ReservationsCreate]) -> Re
             raise pool_not_found()
         check_request(pool, resources, mig_profile)
         at = now()
+        ends_at = _ends_at(db, pool, req)
         wait = _max_pending(pool.max_pending)
         row = ReservationRow(
             id=reservation_id,
@@ -152,6 +179,7 @@ async def create_reservation(store: Store, call: Call[ReservationsCreate]) -> Re
             updated_at=at,
             placed_at=None,
             ended_at=None,
+            ends_at=ends_at,
         )
         refusal = None
         for resource, amount in resources.items():

@@ -3,6 +3,8 @@
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from msgspec import UNSET, UnsetType
+
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import quotas as quota_sql
 from controlplane.storage.ledger_types import QuotaRow as StoredQuota
@@ -47,6 +49,7 @@ def offers_by_pool(db: Database, pool_ids: Sequence[str]) -> dict[str, list[Offe
                 quota=quotas.get(key, {}),
                 include_descendants=offer.include_descendants,
                 priority=offer.priority,
+                not_after=offer.not_after,
             )
         )
     return offers
@@ -73,9 +76,11 @@ def pool_view(
     tenant_id: str,
     quotas: Iterable[StoredQuota] | None = None,
     offers: list[OfferView] | None = None,
+    offer_end: str | UnsetType | None = UNSET,
 ) -> PoolView:
-    """The pool as ``tenant_id`` sees it (seed 000); the owner also sees its offers. A list
-    passes the tenant's ``quotas`` rows and the owner's ``offers`` it read for a whole page."""
+    """The pool as ``tenant_id`` sees it (seed 000); the owner also sees its offers, an
+    offered tenant its offer's end (C3). A caller that read them passes the tenant's
+    ``quotas`` rows, the owner's ``offers`` or the tenant's ``offer_end``."""
     owned = pool.owner_tenant_id == tenant_id
     if quotas is None:
         quotas = quota_sql.quota_rows(db, tenant_id, [pool.id])
@@ -99,6 +104,12 @@ def pool_view(
         view.offers = offers_by_pool(db, [pool.id])[pool.id] if offers is None else offers
         if pool.provider_account_id is not None:
             view.provider_account_id = pool.provider_account_id
+    else:
+        view.offer_ends_at = (
+            pool_sql.offer_ends(db, tenant_id, [pool.id]).get(pool.id)
+            if offer_end is UNSET
+            else offer_end
+        )
     return view
 
 
@@ -107,10 +118,12 @@ def pool_views(
     tenant_id: str,
     figures: Iterable[tuple[str, str, int, int]],
     offers: Mapping[str, list[OfferView]],
+    ends: Mapping[str, str | None],
 ) -> list[PoolView]:
     """``pool_view`` of a page of pools/list, built straight from its rows (F8): the
     visible-pool rows (storage.pools), the tenant's quota ``figures`` on them (pool,
-    resource, max, used, in order) and the owned pools' ``offers``; no typed row between."""
+    resource, max, used, in order), the owned pools' ``offers`` and the ``ends`` of the
+    offers the others were made under (C3); no typed row between."""
     quotas: dict[str, list[QuotaRow]] = {}
     for pool_id, resource, maximum, used in figures:
         quotas.setdefault(pool_id, []).append(
@@ -146,5 +159,7 @@ def pool_views(
             view.offers = offers.get(pool_id, [])
             if provider is not None:
                 view.provider_account_id = provider
+        else:
+            view.offer_ends_at = ends.get(pool_id)
         views.append(view)
     return views

@@ -1,8 +1,9 @@
 """The database: one writer thread, a reader on the event loop, reader threads for long reads.
 
 Every mutation is a plain synchronous function ``fn(db)`` run by the single
-writer inside ``BEGIN IMMEDIATE`` (PostgreSQL: ``BEGIN`` and the writer lock)
-and committed as a whole, events included; nothing awaits inside a transaction.
+writer inside ``BEGIN IMMEDIATE`` (PostgreSQL: ``BEGIN`` and the serial lock, see
+``SERIAL_LOCK``) and committed as a whole, events included; nothing awaits inside a
+transaction.
 Reads use other connections, which WAL (PostgreSQL's MVCC) lets run beside the
 writer: short ones on the event loop's own, long ones (lists) on a small pool of
 reader threads, each with its own connection (B6), so a long read holds the
@@ -33,9 +34,15 @@ from typing import Any, TypeVar
 from controlplane.config import DB_TIMEOUT_S, Durability
 from controlplane.storage.migrations import EVERY_SCOPE, Scope, migrate
 from controlplane.storage.paging import make_cursor_key
-from controlplane.storage.sql import Database, PostgresDatabase, SqliteDatabase
+from controlplane.storage.sql import Contended, Database, PostgresDatabase, SqliteDatabase
+from shared.errors import Unavailable
 
 T = TypeVar("T")
+
+
+class RunAlone(Exception):
+    """Raised inside a mutation run beside others (``own_rows``) that finds it must write
+    more than its node's own rows: nothing of it is written, and it runs again, alone."""
 
 
 def timestamp(epoch: float) -> str:
@@ -61,10 +68,22 @@ SYNCHRONOUS: dict[Durability, str] = {"full": "FULL", "relaxed": "NORMAL"}
 PRIVATE_FILE, PRIVATE_DIR = 0o600, 0o700
 
 
-# Every mutation takes this transaction-level lock first on PostgreSQL, so mutations from
-# every replica are one serial order, as SQLite's single writer makes them (B5): quotas
-# never over-admitted, one object per idempotency key, a gapless event seq.
+# PostgreSQL's two transaction-level locks, which make every replica's mutations keep B5 as
+# SQLite's single writer does. Every mutation takes SERIAL_LOCK first: exclusively, so that it
+# runs alone (quotas never over-admitted, one object per idempotency key), except a mutation
+# of one node's own rows (``own_rows``: its report, its first join), which takes it shared and
+# so runs beside the others of its kind, on every replica, each holding the lock of its node
+# (NODE_LOCK, by node id or machine identity) first. Such a mutation never runs beside one
+# that runs alone, so what those read stays as it was.
+SERIAL_LOCK = 0x6263_7372  # "bcsr"
+NODE_LOCK = 0x6263_6E64  # "bcnd": with hashtext(the node's key), a two-key advisory lock
+# WRITER_LOCK orders the events: a transaction takes it at its very end, right before it
+# inserts its events, assigns their seqs under it (max + 1) and commits holding it (the commit
+# releases it). So seqs are gapless and committed in their order, a reader never sees seq N + 1
+# before N, and no transaction ever waits for a row while holding it. A mutation that appends
+# no event never takes it.
 WRITER_LOCK = 0x6263_7772  # "bcwr"
+CONTENDED_TRIES = 3  # runs of a mutation that PostgreSQL ended to break a deadlock
 EVENTS_CHANNEL = "bc_events"  # PostgreSQL NOTIFY channel: the seq of the last event committed
 NOTICE_MAX = 7_000  # a NOTIFY payload is at most 8000 bytes: beyond this, "for everyone"
 
@@ -197,6 +216,8 @@ def savepoint(db: Database) -> Iterator[None]:
     it appended as the commit will tell long-polls of them (an undone event's seq is the next
     one's: told of, it would hide that one)."""
     events_before = db.appended, db.audience
+    pending = getattr(db, "pending_events", None)
+    pending_before = 0 if pending is None else len(pending)
     db.execute("SAVEPOINT unit")
     try:
         yield
@@ -204,6 +225,8 @@ def savepoint(db: Database) -> Iterator[None]:
         db.execute("ROLLBACK TO unit")
         db.execute("RELEASE unit")
         db.appended, db.audience = events_before
+        if pending is not None:
+            del pending[pending_before:]
         raise
     db.execute("RELEASE unit")
 
@@ -291,24 +314,52 @@ class Store:
 
     def transact(self, fn: Callable[[Database], T]) -> T:
         """Run ``fn`` in one transaction on the calling thread: ``BEGIN IMMEDIATE`` on
-        SQLite, ``BEGIN`` and the writer lock on PostgreSQL."""
+        SQLite, ``BEGIN`` and the serial lock on PostgreSQL."""
         return self._transact(fn)[0]
 
-    def _transact(self, fn: Callable[[Database], T]) -> tuple[T, int, frozenset[str]]:
+    def _transact(
+        self, fn: Callable[[Database], T], own_rows: str | None = None
+    ) -> tuple[T, int, frozenset[str]]:
         """``fn``'s result, the seq of the last event it appended (0 when none) and the
-        tenants its events are visible to."""
+        tenants its events are visible to. On PostgreSQL, ``own_rows`` (a node's key) runs it
+        beside other such mutations (``SERIAL_LOCK``); one that raises ``RunAlone``, or that
+        PostgreSQL ended to break a deadlock, runs again alone."""
+        for attempt in range(1, CONTENDED_TRIES + 1):
+            try:
+                return self._transact_once(fn, own_rows)
+            except RunAlone:
+                own_rows = None
+            except Contended:
+                if attempt == CONTENDED_TRIES:
+                    raise Unavailable("the database is contended; try again") from None
+                own_rows = None
+        raise AssertionError("unreachable")
+
+    def _transact_once(
+        self, fn: Callable[[Database], T], own_rows: str | None
+    ) -> tuple[T, int, frozenset[str]]:
         db = self._writer_db
         if isinstance(db, SqliteDatabase):
-            db.execute("BEGIN IMMEDIATE")
+            db.execute("BEGIN IMMEDIATE")  # one writer: always alone
         else:
             db.execute("BEGIN")
-            db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
+            if own_rows is None:
+                db.execute("SELECT pg_advisory_xact_lock(?)", [SERIAL_LOCK])
+            else:  # its node first, then beside the others of its kind
+                db.execute(
+                    "SELECT pg_advisory_xact_lock(?, hashtext(?)), pg_advisory_xact_lock_shared(?)",
+                    [NODE_LOCK, own_rows, SERIAL_LOCK],
+                )
+            db.pending_events = []
+            db.own_rows = own_rows
         db.appended, db.audience = 0, frozenset()
         try:
             if self._gate is not None:
                 self._gate(db)
             result = fn(db)
-            if db.appended and not isinstance(db, SqliteDatabase):
+            if not isinstance(db, SqliteDatabase) and db.pending_events:
+                assert db.write_events is not None
+                db.write_events(db)  # takes WRITER_LOCK: the last lock, held to the commit
                 db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, notice(db)])
         except BaseException:
             db.execute("ROLLBACK")
@@ -316,10 +367,14 @@ class Store:
         db.execute("COMMIT")
         return result, db.appended, db.audience
 
-    async def write(self, fn: Callable[[Database], T]) -> T:
-        """Run the mutation ``fn`` on the writer thread, in one transaction."""
+    async def write(self, fn: Callable[[Database], T], own_rows: str | None = None) -> T:
+        """Run the mutation ``fn`` on the writer thread, in one transaction; ``own_rows``:
+        it writes only the rows of the node of that key (its id, or for a first join its
+        machine identity), and may run beside other such mutations (``SERIAL_LOCK``)."""
         loop = asyncio.get_running_loop()
-        result, appended, audience = await loop.run_in_executor(self._writer, self._transact, fn)
+        result, appended, audience = await loop.run_in_executor(
+            self._writer, self._transact, fn, own_rows
+        )
         if appended and self.on_commit is not None:
             self.on_commit(appended, audience)
         return result

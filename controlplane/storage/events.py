@@ -5,7 +5,7 @@ from typing import Any
 
 import msgspec
 
-from controlplane.storage.db import now
+from controlplane.storage.db import WRITER_LOCK, now
 from controlplane.storage.ledger_types import EventRow
 from controlplane.storage.sql import Database
 from shared.ids import new_id
@@ -18,25 +18,42 @@ def append(
     pool_id: str | None,
     data: dict[str, Any],
     audience: Iterable[str],
-) -> int:
-    """Append one event, visible to the ``audience`` tenants; returns its seq.
+) -> None:
+    """Append one event, visible to the ``audience`` tenants, in the mutation's transaction.
 
-    ``seq`` is max+1 inside the mutation's transaction, which holds the writer (SQLite's
-    single writer, PostgreSQL's writer lock): one total order, and a rolled-back change
-    leaves no gap (E1, B5).
+    ``seq`` is max+1 under the writer: SQLite's single writer, here and now; on PostgreSQL the
+    events wait for the end of the transaction (``write_pending``), where the store takes
+    ``WRITER_LOCK`` and holds it to the commit. One total order, committed in seq order, and a
+    rolled-back change leaves no gap (E1, B5).
     """
+    event = (new_id("evt"), event_type, now(), pool_id, msgspec.json.encode(data).decode())
+    tenants = frozenset(audience)
+    db.audience = db.audience | tenants
+    if db.dialect.name == "postgresql":
+        db.pending_events.append((event, tenants))
+        db.write_events = write_pending
+        return
+    db.appended = _insert(db, event, tenants)
+
+
+def write_pending(db: Database) -> None:
+    """PostgreSQL, at the end of a transaction: take the event order's lock (the last lock it
+    takes; the commit releases it) and insert the transaction's events, seq after seq."""
+    db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
+    for event, tenants in db.pending_events:
+        db.appended = _insert(db, event, tenants)
+
+
+def _insert(db: Database, event: tuple[Any, ...], tenants: frozenset[str]) -> int:
     (seq,) = db.execute(
         "INSERT INTO events (seq, id, type, at, pool_id, data) "
         "SELECT coalesce(max(seq), 0) + 1, ?, ?, ?, ?, ? FROM events RETURNING seq",
-        [new_id("evt"), event_type, now(), pool_id, msgspec.json.encode(data).decode()],
+        event,
     ).fetchone()
-    tenants = set(audience)
     db.executemany(
         "INSERT INTO event_audience (tenant_id, seq) VALUES (?, ?) ON CONFLICT DO NOTHING",
         [(tenant, seq) for tenant in tenants],
     )
-    db.appended = int(seq)
-    db.audience = db.audience | tenants
     return int(seq)
 
 

@@ -25,6 +25,7 @@ class OfferRow(Row, frozen=True, kw_only=True):
     priority: int
     created_at: str
     updated_at: str
+    not_after: str | None  # C3: when the offer ends; None: until unoffered
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Self:

@@ -1,7 +1,7 @@
 """Node liveness stamps, stored where writing them costs the writer nothing.
 
-The writer is the one serial order of mutations: SQLite's write lock on the database file,
-PostgreSQL's ``WRITER_LOCK`` that every mutation of every replica takes (db.py). A report with
+The writer is the order of mutations: SQLite's write lock on the database file, PostgreSQL's
+``SERIAL_LOCK`` and ``WRITER_LOCK`` that every replica's mutations take (db.py). A report with
 nothing new only stamps memory (capacity/liveness.py); each replica writes those stamps here,
 each node's about every third of --node-lost-after, so that the leader's lost-node check and
 the other replicas' node views see nodes that report elsewhere (B4). With 100,000 nodes that
@@ -29,6 +29,12 @@ may start together). ``nodes.last_seen_at`` stays: the stamp of a join, or of a 
 changed something, written by those mutations anyway. A node's stored stamp is the later of
 the two, so no stamp needed copying over.
 
+F10: ``replica_behind`` (one row per replica process: the last epoch second it was behind,
+rounded up) is here too, written the same way by each replica's flush, and read by the
+leader's lost-node check: a grace period must pass with no replica behind before a node is
+marked lost (controlplane/overload.py). Rows older than a grace period say nothing any more:
+the leader deletes them as it reads.
+
 The lost-node check reads here as well, off the writer (``silent``): the watched nodes with
 neither stamp at or after the cutoff, in one join. On SQLite the main file is ATTACHed to
 this file's flushing connection for that join; that connection only ever runs single
@@ -38,6 +44,7 @@ those few nodes in its writer transaction (storage/nodes.py ``silent_nodes``) an
 """
 
 import asyncio
+import math
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +67,15 @@ UPSERT = (
     "SELECT j.key, CAST(j.value AS BIGINT) FROM {entries} WHERE true "
     "ON CONFLICT (node_id) DO UPDATE SET seen_at = excluded.seen_at "
     "WHERE excluded.seen_at > node_liveness.seen_at"
+)
+BEHIND_TABLE = (
+    "CREATE TABLE IF NOT EXISTS replica_behind "
+    "(replica_id TEXT PRIMARY KEY, behind_at INTEGER NOT NULL) WITHOUT ROWID"
+)
+RECORD_BEHIND = (
+    "INSERT INTO replica_behind (replica_id, behind_at) VALUES (?, ?) "
+    "ON CONFLICT (replica_id) DO UPDATE SET behind_at = excluded.behind_at "
+    "WHERE excluded.behind_at > replica_behind.behind_at"
 )
 SILENT = (
     "SELECT n.id FROM nodes n LEFT JOIN node_liveness l ON l.node_id = n.id "
@@ -94,7 +110,7 @@ class LivenessStore:
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="liveness")
 
     def _create(self) -> None:
-        ddl = self._db.dialect.ddl(TABLE)
+        ddl = self._db.dialect.ddl(f"{TABLE};\n{BEHIND_TABLE};")
         if not self.postgres:
             self._db.script(ddl)
             return
@@ -109,6 +125,17 @@ class LivenessStore:
         if stamps:
             entries = self._db.dialect.json_int_entries("?")
             self._db.execute(UPSERT.format(entries=entries), [msgspec.json.encode(stamps).decode()])
+
+    def record_behind(self, replica: str, at: float) -> None:
+        """F10: ``replica`` was behind at ``at`` (epoch seconds); a later record stays."""
+        self._db.execute(RECORD_BEHIND, [replica, math.ceil(at)])
+
+    def last_behind(self, since: float) -> float | None:
+        """F10: the last time any replica was behind, when at or after ``since`` (older
+        records are deleted: they no longer hold the lost-node check back)."""
+        self._db.execute("DELETE FROM replica_behind WHERE behind_at < ?", [math.floor(since)])
+        found = self._db.execute("SELECT max(behind_at) FROM replica_behind").fetchone()
+        return None if found is None or found[0] is None else float(found[0])
 
     def silent(self, before: float) -> list[str]:
         """The watched nodes (live, not removed) with no stored stamp at or after ``before``,

@@ -282,6 +282,20 @@ MIGRATIONS: tuple[Migration, ...] = (
     );
     INSERT INTO leader_lease (id, holder, term, expires_at) VALUES (1, '', 0, 0);
     """,
+    # C3, C4: capacity sold for a term. An offer's end (null: until unoffered) and a
+    # reservation's (null: until ended); the reconciler's pass finds what has passed its end
+    # through these partial indexes. Older rows keep null: they run on as before.
+    """
+    ALTER TABLE pool_offers ADD COLUMN not_after TEXT;
+    ALTER TABLE reservations ADD COLUMN ends_at TEXT;
+    CREATE INDEX pool_offers_ending ON pool_offers(not_after) WHERE not_after IS NOT NULL;
+    CREATE INDEX reservations_ending ON reservations(ends_at)
+        WHERE ends_at IS NOT NULL AND state IN ('pending', 'placed', 'active');
+    """,
+    # B5, F10: PostgreSQL's generations in shards (one per writing session, by its backend pid),
+    # so that mutations side by side (a node's report, a first join) do not all wait on one
+    # scope's row; a generation is the sum over its shards, as before. SQLite has one writer.
+    lambda dialect: generation_shards(dialect),
 )
 
 
@@ -414,6 +428,27 @@ def scope_generations(dialect: Dialect) -> str:
         "DROP TABLE generation;",
     ]
     return "\n".join(script)
+
+
+GENERATION_SHARDS = 64
+
+
+def generation_shards(dialect: Dialect) -> str:
+    """The migration that puts PostgreSQL's generations in ``GENERATION_SHARDS`` rows per
+    scope (the old row is shard 0); its trigger moves the writing session's shard."""
+    if dialect.name != "postgresql":
+        return ""
+    return (
+        "ALTER TABLE generations ADD COLUMN shard INTEGER NOT NULL DEFAULT 0;\n"
+        "ALTER TABLE generations DROP CONSTRAINT generations_pkey;\n"
+        "ALTER TABLE generations ADD PRIMARY KEY (scope, shard);\n"
+        "INSERT INTO generations (scope, shard, n) SELECT g.scope, s, 0 FROM generations g "
+        f"CROSS JOIN generate_series(1, {GENERATION_SHARDS - 1}) s;\n"
+        "CREATE OR REPLACE FUNCTION bc_scope_written() RETURNS trigger LANGUAGE plpgsql AS $$ "
+        "BEGIN UPDATE generations SET n = n + 1, xact = pg_current_xact_id() "
+        f"WHERE scope = TG_ARGV[0] AND shard = pg_backend_pid() % {GENERATION_SHARDS} "
+        "AND xact IS DISTINCT FROM pg_current_xact_id(); RETURN NULL; END $$;"
+    )
 
 
 # Replicas starting together on one PostgreSQL database migrate one at a time.

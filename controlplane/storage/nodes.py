@@ -49,8 +49,13 @@ def join_token(db: Database, hashed: bytes) -> JoinTokenRow | None:
     )
 
 
-def use_join_token(db: Database, token_id: str) -> None:
-    db.execute("UPDATE join_tokens SET uses = uses + 1 WHERE id = ?", [token_id])
+def use_join_token(db: Database, token_id: str) -> bool:
+    """Spend one use of the token; False when none is left. Joins running side by side (B5)
+    wait here for each other's commit, so no use is spent twice."""
+    spent = db.execute(
+        "UPDATE join_tokens SET uses = uses + 1 WHERE id = ? AND uses < max_uses", [token_id]
+    )
+    return bool(spent.rowcount)
 
 
 # --- nodes -----------------------------------------------------------------

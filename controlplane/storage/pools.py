@@ -157,6 +157,18 @@ def _of_pools(
     )
 
 
+def offer_ends(db: Database, tenant_id: str, pool_ids: Sequence[str]) -> dict[str, str | None]:
+    """C3: the end of each of these pools' offers to the tenant, in one read."""
+    if not pool_ids:
+        return {}
+    marks = ", ".join("?" * len(pool_ids))
+    found = db.execute(
+        f"SELECT pool_id, not_after FROM pool_offers WHERE to_tenant_id = ? AND pool_id IN ({marks})",
+        [tenant_id, *pool_ids],
+    )
+    return {pool_id: not_after for pool_id, not_after in found}
+
+
 def offers_to(db: Database, tenant_id: str) -> list[OfferRow]:
     found = rows(
         db, "SELECT * FROM pool_offers WHERE to_tenant_id = ? ORDER BY pool_id", [tenant_id]
@@ -171,14 +183,37 @@ def put_offer(
     include_descendants: bool,
     priority: int,
     at: str,
+    not_after: str | None = None,
 ) -> None:
     db.execute(
         "INSERT INTO pool_offers (pool_id, to_tenant_id, include_descendants, priority, "
-        "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (pool_id, to_tenant_id) "
+        "not_after, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (pool_id, to_tenant_id) "
         "DO UPDATE SET include_descendants = excluded.include_descendants, "
-        "priority = excluded.priority, updated_at = excluded.updated_at",
-        [pool_id, tenant_id, int(include_descendants), priority, at, at],
+        "priority = excluded.priority, not_after = excluded.not_after, "
+        "updated_at = excluded.updated_at",
+        [pool_id, tenant_id, int(include_descendants), priority, not_after, at, at],
     )
+
+
+def offer_to(db: Database, pool_id: str, tenant_id: str) -> OfferRow | None:
+    found = one(
+        db,
+        "SELECT * FROM pool_offers WHERE pool_id = ? AND to_tenant_id = ?",
+        [pool_id, tenant_id],
+    )
+    return None if found is None else OfferRow.from_row(found)
+
+
+def ended_offers(db: Database, at: str) -> list[OfferRow]:
+    """C3: the offers whose end has passed at ``at``, oldest end first."""
+    found = rows(
+        db,
+        "SELECT * FROM pool_offers WHERE not_after IS NOT NULL AND not_after <= ? "
+        "ORDER BY not_after, pool_id, to_tenant_id",
+        [at],
+    )
+    return [OfferRow.from_row(row) for row in found]
 
 
 def delete_offer(db: Database, pool_id: str, tenant_id: str) -> bool:

@@ -75,6 +75,29 @@ def placed(db: Database) -> list[ReservationRow]:
     return _select(db, "WHERE state = 'placed'")
 
 
+def live_ids(db: Database, reservation_ids: set[str]) -> set[str]:
+    """Which of these reservations are live (pending, placed or active)."""
+    if not reservation_ids:
+        return set()
+    marks = ", ".join("?" * len(reservation_ids))
+    found = db.execute(
+        f"SELECT id FROM reservations WHERE id IN ({marks}) "
+        "AND state IN ('pending', 'placed', 'active')",
+        sorted(reservation_ids),
+    )
+    return {reservation_id for (reservation_id,) in found}
+
+
+def timed_up(db: Database, at: str) -> list[ReservationRow]:
+    """C4: live reservations whose duration ran out at ``at``, the first to end first."""
+    return _select(
+        db,
+        "WHERE ends_at IS NOT NULL AND ends_at <= ? AND state IN ('pending', 'placed', 'active') "
+        "ORDER BY ends_at, id",
+        [at],
+    )
+
+
 def pending(db: Database) -> list[ReservationRow]:
     """Pending reservations, oldest first: the placer's queue."""
     return _select(db, "WHERE state = 'pending' ORDER BY created_at, id")

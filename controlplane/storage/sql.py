@@ -66,6 +66,12 @@ SQLITE, POSTGRESQL = Dialect("sqlite"), Dialect("postgresql")
 Params = Sequence[Any] | Mapping[str, Any]  # ``?`` placeholders, or ``:name`` ones
 
 
+class Contended(BaseException):
+    """PostgreSQL ended the transaction to break a deadlock between concurrent writers: it
+    wrote nothing, and runs again (storage/db.py). A BaseException, so that no step's
+    savepoint takes it for that step's own failure (R5)."""
+
+
 class Database:
     """One connection: ``execute`` and ``executemany`` with ``?`` (or ``:name``) placeholders."""
 
@@ -74,6 +80,13 @@ class Database:
     # its events are visible to, for the store to tell long-polls after the commit (B2).
     appended: int = 0
     audience: frozenset[str] = frozenset()
+    # PostgreSQL: the events of the current transaction, inserted at its end (events.py
+    # ``append``), by ``write_events`` once every other statement ran (B5).
+    pending_events: list[tuple[Any, ...]]
+    write_events: "Callable[[Database], None] | None" = None
+    # PostgreSQL: the node key of a mutation running beside others (db.py SERIAL_LOCK), or
+    # None when it runs alone (SQLite: always).
+    own_rows: str | None = None
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
         raise NotImplementedError
@@ -238,11 +251,16 @@ class PostgresDatabase(Database):
 
     def _run(self, fn: Callable[[Any], T], begins: bool) -> T:
         import psycopg
+        from psycopg import pq
 
         for attempt in (1, 2):
             conn = self.borrowed()
             try:
                 return fn(conn)
+            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
+                if conn.info.transaction_status != pq.TransactionStatus.INERROR:
+                    raise Unavailable(f"the database gave up a statement: {exc}") from None
+                raise Contended(str(exc)) from None  # a transaction's: it wrote nothing
             except psycopg.OperationalError as exc:
                 broken = conn.broken or conn.closed
                 if broken:

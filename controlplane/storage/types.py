@@ -162,6 +162,7 @@ class ReservationRow(Struct, frozen=True, kw_only=True, dict=True):
     delivery_state: str | None = None  # D5-D7: pending … released, once placed
     delivery_reason: str | None = None
     delivery_at: str | None = None
+    ends_at: str | None = None  # C4: when its duration runs out; None: until ended
 
     @cached_property
     def resources(self) -> dict[str, int]:
@@ -287,6 +288,7 @@ def reservation_row(row: Mapping[str, Any]) -> ReservationRow:
         delivery_state=row["delivery_state"],
         delivery_reason=row["delivery_reason"],
         delivery_at=row["delivery_at"],
+        ends_at=row["ends_at"],
     )
 
 

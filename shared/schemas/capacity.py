@@ -27,6 +27,9 @@ class CapacityRow(Answer):
     available: int
     releasing: int  # D7: within allocated: ended bookings the host has not yet released
     offered: int | UnsetType = UNSET
+    # C5, the owner's only: schedulable ÷ offered; null when nothing is offered, 0 when
+    # nothing is schedulable; under 1 the resource is oversold.
+    coverage: float | UnsetType | None = UNSET
 
 
 class CapacityList(Answer):

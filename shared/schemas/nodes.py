@@ -47,11 +47,33 @@ class BookingReport(Request):
     reason: Annotated[str, Meta(max_length=500)] | None = None
 
 
+# F9: the digest of the inventory the control plane holds for a node, as its answers give it.
+InventoryDigest = Annotated[
+    str,
+    Meta(
+        pattern=whole(r"^sha256:[0-9a-f]{64}$"),
+        description="The digest of the inventory the control plane holds for the node, as "
+        "its last report or join answer gave it (F9).",
+    ),
+]
+ONE_INVENTORY = "give inventory or inventoryDigest, exactly one of them"
+
+
 class NodesReport(Request):
+    """A report carries exactly one of ``inventory`` (the whole inventory: at join, when it
+    changed, when an answer said ``inventoryWanted``) and ``inventoryDigest`` (F9: the
+    inventory is the one the control plane holds; such a report is a small heartbeat)."""
+
     node_id: NodeId
-    inventory: Inventory
+    inventory: Inventory | UnsetType = UNSET
+    inventory_digest: InventoryDigest | UnsetType = UNSET
     applied: dict[str, Any] | UnsetType = UNSET  # the last apply: each unit's outcome
     bookings: Annotated[list[BookingReport], Meta(max_length=4096)] | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        if (self.inventory is UNSET) == (self.inventory_digest is UNSET):
+            # msgspec reports this message as the body's error; the path names the field.
+            raise ValueError(f"{ONE_INVENTORY} - at `$.inventoryDigest`")
 
 
 class NodesSpec(Request):
@@ -111,10 +133,15 @@ class NodeJoined(Answer):
     token: str
     pool_id: str
     rejoined: bool
+    inventory_digest: str | UnsetType = UNSET  # F9: the digest of the inventory it stored
 
 
 class Reported(Answer):
     spec_version: str
+    # F9: the digest of the inventory held for the node (null: none held), and whether the
+    # next report must carry the whole inventory (its digest was not the one held, or none is).
+    inventory_digest: str | None
+    inventory_wanted: bool
 
 
 class NodeSpec(Answer):

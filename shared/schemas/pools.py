@@ -52,6 +52,13 @@ class PoolsUpdate(PoolScoped):
     policy: dict[str, Any] | UnsetType = UNSET
     gpu_model: GpuModel | UnsetType = UNSET
     version: PoolVersion | UnsetType = UNSET
+    dry_run: Annotated[
+        bool,
+        Meta(
+            description="C1: change nothing and answer {pool, plan}: what the update would do "
+            "to every node, the capacity and the offered quotas."
+        ),
+    ] = False
 
 
 class PoolView(Answer):
@@ -71,17 +78,78 @@ class PoolView(Answer):
     updated_at: str
     offers: list[OfferView] | UnsetType = UNSET
     provider_account_id: str | UnsetType = UNSET
+    # C3: an offered tenant's own offer's end (null: until unoffered); not shown to the owner
+    offer_ends_at: str | UnsetType | None = UNSET
     warnings: (
         Annotated[
             list[str],
             Meta(
-                description="pools/create and pools/update only: policy fields the code does "
+                description="pools/create and pools/update: policy fields the code does "
                 "not read (stored as given, P9), e.g. `policy.hugepage: not a field the code "
-                "reads; did you mean hugepages?`"
+                "reads; did you mean hugepages?`; pools/offer: resources whose offered quota "
+                "maxima exceed their schedulable capacity (C5), e.g. `quota gpu: 40 offered "
+                "over 32 schedulable`"
             ),
         ]
         | UnsetType
     ) = UNSET
+
+
+PlanNeed = Literal["restart", "drain", "reboot"]
+UnitChange = Literal["add", "change", "remove"]
+
+
+class PlanUnit(Answer):
+    """C1: one configuration unit the change adds, changes or removes on a node."""
+
+    id: str
+    change: UnitChange
+    needs: list[PlanNeed]
+
+
+class PlanNode(Answer):
+    """C1: what the change does to one node of the pool."""
+
+    node_id: str
+    hostname: str
+    units: list[PlanUnit]
+    drain_needed: bool  # the change has drain-gated units on this node (H4), booked or not
+    bookings_in_the_way: list[str]  # live reservations on the GPUs those units touch
+    reboot_needed: bool
+
+
+class PlanCapacity(Answer):
+    """C1: schedulable capacity of one resource now, and once every node took the change
+    with today's bookings ended."""
+
+    resource: str
+    before: int
+    after: int
+
+
+class PlanQuota(Answer):
+    """C1: one offered tenant's quota on one resource against the capacity after."""
+
+    tenant_id: str
+    resource: str
+    max: int
+    schedulable_after: int
+    covered: bool  # max ≤ schedulableAfter
+
+
+class Plan(Answer):
+    nodes: list[PlanNode]
+    capacity: list[PlanCapacity]
+    quotas: list[PlanQuota]
+    warnings: list[str]  # as pools/update answers them (P9)
+
+
+class PoolPlan(Answer):
+    """C1: pools/update with dryRun: the pool as it would be (its version still the current
+    one: pass it as ``version`` to apply exactly this) and the plan."""
+
+    pool: PoolView
+    plan: Plan
 
 
 class PoolList(Answer):

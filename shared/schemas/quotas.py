@@ -1,5 +1,6 @@
 """Quotas and offers: the maxima a tenant may use of a pool, and who a pool is offered to."""
 
+from datetime import datetime
 from typing import Annotated
 
 from msgspec import UNSET, Meta, UnsetType
@@ -12,6 +13,22 @@ QuotaKey = Annotated[str, Meta(pattern=whole(r"^[A-Za-z][A-Za-z0-9._-]{0,63}$"))
 QuotaValue = Annotated[int, Meta(ge=0, le=2147483647)]
 Quota = Annotated[dict[QuotaKey, QuotaValue], Meta(max_length=64)]
 Priority = Annotated[int, Meta(ge=-1000, le=1000)]
+# C3: an offer's end, RFC 3339 with its offset, in the future and at most 10 years ahead.
+NotAfter = Annotated[
+    datetime,
+    Meta(
+        tz=True,
+        description="C3: when the offer ends (RFC 3339, in the future, at most 10 years "
+        "ahead); null clears it; left out, an offer made again keeps the end it had.",
+    ),
+]
+Warnings = Annotated[
+    list[str],
+    Meta(
+        description="C5: resources whose offered quota maxima exceed their schedulable "
+        "capacity, e.g. `quota gpu: 40 offered over 32 schedulable` (overselling is allowed)."
+    ),
+]
 
 
 class PoolsOffer(PoolScoped):
@@ -19,6 +36,7 @@ class PoolsOffer(PoolScoped):
     quota: Quota
     include_descendants: bool = False
     priority: Priority = 0
+    not_after: NotAfter | UnsetType | None = UNSET
     version: PoolVersion | UnsetType = UNSET
 
 
@@ -55,6 +73,7 @@ class OfferView(Answer):
     quota: dict[str, int]
     include_descendants: bool
     priority: int
+    not_after: str | None  # C3: when the offer ends; null: until unoffered
 
 
 class Unoffered(Answer):
@@ -65,7 +84,9 @@ class QuotaRows(Answer):
     """The rows quotas/set wrote."""
 
     items: list[QuotaRow]
+    warnings: Warnings | UnsetType = UNSET  # C5
 
 
-class QuotaList(QuotaRows):
+class QuotaList(Answer):
+    items: list[QuotaRow]
     next: str | None  # the cursor of the next page (B1); null at the end

@@ -41,6 +41,18 @@ class ReservationsCreate(PoolScoped):
         | UnsetType
     ) = UNSET
     idempotency_key: IdempotencyKey | UnsetType = UNSET
+    duration_seconds: (
+        Annotated[
+            int,
+            Meta(
+                ge=60,
+                le=7_776_000,
+                description="C4: the reservation ends (TimeUp) this long after its create; "
+                "it may not end after its offer's notAfter.",
+            ),
+        ]
+        | UnsetType
+    ) = UNSET
 
 
 class ReservationsGet(TenantScoped):
@@ -126,6 +138,7 @@ class ReservationView(Answer):
     placed_at: str | None
     ended_at: str | None
     expires_at: str | None
+    ends_at: str | None  # C4: when its duration runs out (TimeUp); null: until ended
     placement: Placement | None  # D4: null until placed
     delivery: Delivery | None  # null until placed
 

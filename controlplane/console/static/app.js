@@ -270,6 +270,148 @@ function poolCard(pool, rows) {
       : rows.length
         ? h("table", { class: "ledger" }, h("tbody", {}, rows.map(ledgerRow)))
         : empty("No capacity yet: no node has joined."),
+    pool.owned && !pool.archived ? planBox(pool) : null,
+  );
+}
+
+// C1, C2: a policy pasted into an owned pool's card is planned by pools/update with dryRun
+// (nothing changes) and the plan drawn under it. Read-only: applying stays the CLI's or the
+// API's. What was pasted and planned outlives the card being drawn again on an event.
+const drafts = new Map(); // pool id → { text, answer, problem, open }
+
+function planBox(pool) {
+  const draft = drafts.get(pool.id) ?? { text: "", answer: null, problem: null, open: false };
+  drafts.set(pool.id, draft);
+  const area = h("textarea", {
+    class: "plan-policy",
+    rows: 5,
+    spellcheck: "false",
+    placeholder: '{"hostReserve": {"vcpu": 16, "memoryGiB": 64}}',
+    "aria-label": "the whole new policy, as JSON",
+  });
+  area.value = draft.text;
+  area.addEventListener("input", () => {
+    draft.text = area.value;
+  });
+  const button = h("button", { type: "button", class: "plan-button" }, "Plan");
+  button.addEventListener("click", () => planPolicy(pool.id, draft));
+  const box = h(
+    "details",
+    { class: "plan" },
+    h("summary", {}, "plan a policy change"),
+    h("p", { class: "note" }, "Paste the whole new policy; nothing is changed."),
+    area,
+    button,
+    h("div", { class: "plan-result" }, planResult(draft)),
+  );
+  box.open = draft.open;
+  box.addEventListener("toggle", () => {
+    draft.open = box.open;
+  });
+  return box;
+}
+
+function planResult(draft) {
+  if (draft.problem) return h("p", { class: "plan-problem" }, draft.problem);
+  return draft.answer ? planView(draft.answer) : null;
+}
+
+async function planPolicy(poolId, draft) {
+  const run = active;
+  const shown = () => {
+    const result = document.querySelector(`[data-pool-id="${poolId}"] .plan-result`);
+    if (result) result.replaceChildren(...present([planResult(draft)]));
+  };
+  let policy;
+  try {
+    policy = JSON.parse(draft.text);
+  } catch {
+    draft.problem = "The policy is not JSON.";
+    draft.answer = null;
+    shown();
+    return;
+  }
+  const body = { tenantId: run.session.tenant, poolId, policy, dryRun: true };
+  try {
+    draft.answer = await call(run.session.token, "compute/pools/update", body, run.controller.signal);
+    draft.problem = null;
+  } catch (error) {
+    if (error.name === "AbortError" || run !== active) return;
+    if (error.status === 401) {
+      signOut("The token is no longer valid: sign in again.");
+      return;
+    }
+    draft.problem = `${error.code}: ${error.message}`;
+    draft.answer = null;
+  }
+  shown();
+}
+
+// The plan: each node's units and what they need, capacity before → after, the offered
+// quotas the capacity after would not cover, and the version to apply it at (R3).
+function planView({ pool, plan }) {
+  const uncovered = plan.quotas.filter((quota) => !quota.covered);
+  return h(
+    "div",
+    { class: "plan-view" },
+    plan.warnings.map((warning) => h("p", { class: "plan-warning" }, warning)),
+    grid(
+      ["node", "units", "needs", "bookings in the way"],
+      plan.nodes.map((node) =>
+        h(
+          "tr",
+          { class: "plan-node", dataset: { nodeId: node.nodeId } },
+          h("td", {}, node.hostname),
+          h(
+            "td",
+            { class: "units" },
+            node.units.length
+              ? node.units.map((unit) =>
+                  h(
+                    "div",
+                    { class: `unit ${unit.change}` },
+                    `${unit.change} ${unit.id}${unit.needs.length ? ` (${unit.needs.join(", ")})` : ""}`,
+                  ),
+                )
+              : h("span", { class: "none" }, "no change"),
+          ),
+          h(
+            "td",
+            { class: "needs" },
+            [node.drainNeeded ? "drain" : null, node.rebootNeeded ? "reboot" : null]
+              .filter(Boolean)
+              .join(", ") || "—",
+          ),
+          h("td", {}, node.bookingsInTheWay.length ? node.bookingsInTheWay.map(idCode) : "—"),
+        ),
+      ),
+    ),
+    grid(
+      ["resource", "schedulable before", "after"],
+      plan.capacity.map((row) =>
+        h(
+          "tr",
+          {
+            class: row.after < row.before ? "plan-capacity less" : "plan-capacity",
+            dataset: { resource: row.resource },
+          },
+          h("td", {}, row.resource),
+          h("td", { class: "before" }, String(row.before)),
+          h("td", { class: "after" }, String(row.after)),
+        ),
+      ),
+    ),
+    uncovered.length
+      ? uncovered.map((quota) =>
+          h(
+            "p",
+            { class: "uncovered", dataset: { tenantId: quota.tenantId } },
+            `${quota.tenantId}'s ${quota.resource} quota of ${quota.max} would not be covered: ` +
+              `${quota.schedulableAfter} schedulable after`,
+          ),
+        )
+      : h("p", { class: "note" }, "Every offered quota stays covered."),
+    h("p", { class: "note apply" }, `Apply it at version ${pool.version}.`),
   );
 }
 
@@ -295,6 +437,8 @@ function ledgerRow(row) {
     ["available", row.available],
     ["releasing", row.releasing],
     ["offered", row.offered],
+    // C5: schedulable ÷ offered, the owner's only, when something is offered
+    ["coverage", row.coverage === undefined || row.coverage === null ? undefined : row.coverage.toFixed(2)],
   ].filter(([, value]) => value !== undefined);
   const text = figures.map(([name, value]) => `${name} ${value}`).join(" · ");
   const bar = svg(
@@ -339,7 +483,11 @@ function ledgerRow(row) {
       { class: "figures" },
       figures.map(([name, value], i) => [
         i ? " · " : null,
-        h("span", { class: `figure ${name}` }, `${name} ${value}`),
+        h(
+          "span",
+          { class: name === "coverage" && row.coverage < 1 ? "figure coverage oversold" : `figure ${name}` },
+          `${name} ${value}`,
+        ),
       ]),
     ),
   );

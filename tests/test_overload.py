@@ -1,0 +1,197 @@
+"""F10: overload sheds early (503 UNAVAILABLE with Retry-After, never a timeout or a 500), and
+the silence it causes, on this replica or another, never makes a healthy node lost."""
+
+import asyncio
+import dataclasses
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from controlplane.api.keys import RUNTIME
+from controlplane.app import make_app
+from controlplane.capacity.liveness import Liveness
+from controlplane.config import Config
+from controlplane.metrics import Metrics
+from controlplane.overload import SHED_RETRY_AFTER_S, Overload
+from controlplane.reconciler import run_reconciler
+from controlplane.storage.db import Store, epoch, is_postgres
+from controlplane.storage.leader import Leadership
+from controlplane.storage.liveness import LivenessStore
+from tests.conftest import Api, execute
+from tests.daemons import Daemon
+from tests.nodes import joined, pool_with_token, recorded, report, twin
+
+LOST_AFTER = 1.0  # --node-lost-after here: reports every 0.1 s keep a node alive
+STORM = 120  # requests at once against --max-inflight 2
+
+
+async def test_f10_a_storm_is_shed_with_retry_after_never_a_timeout(
+    tmp_path: Path, db: Any
+) -> None:
+    """F10: against --max-inflight 2, a storm of writes at once is answered in full: 200s and
+    503 UNAVAILABLE with Retry-After, no 500 and no timeout; /healthz, /readyz and /metrics
+    are never shed; what was shed wrote nothing (one pool per 200)."""
+    (tmp_path / "data").mkdir()
+    daemon = Daemon(tmp_path, "--max-inflight", "2", db=str(db) if is_postgres(db) else None)
+    daemon.start()
+    try:
+        headers = {"Authorization": f"Bearer {daemon.token}"}
+        timeout = aiohttp.ClientTimeout(total=60)
+        connector = aiohttp.TCPConnector(limit=STORM + 3)
+        async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+            async with session.post(
+                f"{daemon.url}/api/compute/sites/create",
+                json={"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"},
+                headers=headers,
+            ) as response:
+                site = await response.json()
+                assert response.status == 200, site
+
+            async def create(n: int) -> tuple[int, str | None, str]:
+                body = {"tenantId": "root", "siteId": site["id"], "class": "metal-host"}
+                async with session.post(
+                    f"{daemon.url}/api/compute/pools/create", json=body, headers=headers
+                ) as answer:
+                    found = await answer.json()
+                    code = found["error"]["code"] if answer.status != 200 else "OK"
+                    return answer.status, answer.headers.get("Retry-After"), code
+
+            async def probe(path: str) -> tuple[int, str | None, str]:
+                async with session.get(f"{daemon.url}{path}", headers=headers) as answer:
+                    await answer.read()
+                    return answer.status, None, path
+
+            storm = [create(n) for n in range(STORM)]
+            probes = [probe(p) for p in ("/healthz", "/readyz", "/metrics")]
+            outcomes = await asyncio.gather(*storm[:60], *probes, *storm[60:])
+        made = [o for o in outcomes if o[2] == "OK"]
+        shed = [o for o in outcomes if o[0] == 503]
+        assert sorted(o for o in outcomes if o[2].startswith("/")) == [
+            (200, None, "/healthz"),
+            (200, None, "/metrics"),
+            (200, None, "/readyz"),
+        ]
+        assert len(made) + len(shed) + 3 == len(outcomes), Counter(o[:1] for o in outcomes)
+        assert made and shed
+        assert {o[1:] for o in shed} == {(str(SHED_RETRY_AFTER_S), "UNAVAILABLE")}
+        location = db if is_postgres(db) else tmp_path / "data" / "bc.db"
+        assert execute(location, "SELECT count(*) FROM pools") == [(len(made),)]
+    finally:
+        daemon.kill()
+
+
+async def hold_the_only_slot(api: Api) -> asyncio.StreamWriter:
+    """A request whose body has not all arrived: it holds its admission slot meanwhile."""
+    server = api.client.server
+    _, writer = await asyncio.open_connection(server.host, server.port)
+    writer.write(
+        b"POST /api/compute/pools/list HTTP/1.1\r\nHost: x\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+    await writer.drain()
+    return writer
+
+
+async def lost_events(api: Api) -> list[dict[str, Any]]:
+    found = await api.ok("compute/events/list", {"tenantId": "root", "types": ["node.lost"]})
+    return list(found["items"])
+
+
+async def test_f10_a_node_whose_reports_were_shed_is_not_lost(
+    config: Config, aiohttp_client: Any
+) -> None:
+    """F10: while every report of a node is shed for longer than --node-lost-after, and for
+    a grace period after, it is not lost; a node silent all along is lost, but no earlier than
+    a grace period after the last request the replica shed."""
+    fast = dataclasses.replace(
+        config, reconcile_interval=0.05, node_lost_after=LOST_AFTER, max_inflight=1
+    )
+    client = await aiohttp_client(make_app(fast))
+    api = Api(client, fast.root_token_file.read_text().strip())
+    _, token = await pool_with_token(api)
+    shed, silent = twin("dgx-h100-01", 1), twin("dgx-h100-01", 2)
+    nodes = [(await joined(api, token, inventory), inventory) for inventory in (shed, silent)]
+    for node, inventory in nodes:
+        assert (await report(api, node, inventory))[0] == 200
+
+    hog = await hold_the_only_slot(api)
+    until = time.monotonic() + 2.5 * LOST_AFTER
+    while time.monotonic() < until:
+        last_shed = time.time()
+        status, answer = await report(api, *nodes[0])
+        assert status == 503 and answer["error"]["code"] == "UNAVAILABLE", answer
+        await asyncio.sleep(0.1)
+    hog.close()
+    overload = client.app[RUNTIME].overload
+    for _ in range(1000):  # until the server has seen the hog leave
+        if not overload.inflight:
+            break
+        await asyncio.sleep(0.01)
+    assert overload.inflight == 0
+
+    assert await lost_events(api) == []
+    deadline = time.monotonic() + 10
+    while not await lost_events(api):
+        assert time.monotonic() < deadline, "the silent node was never marked lost"
+        status, _ = await report(api, *nodes[0])
+        assert status == 200
+        await asyncio.sleep(0.1)
+    [event] = await lost_events(api)
+    assert event["data"]["nodeId"] == nodes[1][0]["nodeId"]
+    assert epoch(event["at"]) - last_shed >= LOST_AFTER - 0.01
+    states = dict(execute(fast.db_path, "SELECT id, state FROM nodes"))
+    assert states == {nodes[0][0]["nodeId"]: "ready", nodes[1][0]["nodeId"]: "lost"}
+
+
+class Follows(Leadership):
+    """A replica that never leads."""
+
+    def holds(self) -> bool:
+        return False
+
+
+async def test_f10_a_follower_that_sheds_holds_the_leaders_lost_check_back(
+    api: Api, db: Path | str
+) -> None:
+    """F10, B4: a follower that shed a request records it in the database; the leader marks
+    no node lost until a grace period after that, though the node's stamps are long stale and
+    the leader itself was never behind; then the node is lost."""
+    _, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    execute(db, "UPDATE nodes SET last_seen_at = '2000-01-01T00:00:00.000Z'")
+    follower, leader = Overload(max_inflight=0), Overload()
+    follower.behind_at = leader.behind_at = 0.0  # long running, never behind so far
+    assert not follower.admit()  # shed: behind from now on
+    shed_at = follower.behind_at
+    stores = [Store(db), Store(db)]
+    stamps = LivenessStore(db)
+
+    def reconciler(store: Store, leadership: Leadership, overload: Overload) -> Any:
+        started = time.monotonic() - 100  # both started long ago
+        return run_reconciler(
+            store, Liveness(), 0.05, LOST_AFTER, started, Metrics.create(), leadership, overload
+        )
+
+    tasks = [asyncio.create_task(reconciler(stores[0], Follows(db), follower))]
+    try:
+        deadline = time.monotonic() + 10
+        while await stamps.run(stamps.last_behind, 0) is None:
+            assert time.monotonic() < deadline, "the follower never recorded it was behind"
+            await asyncio.sleep(0.02)
+        tasks.append(asyncio.create_task(reconciler(stores[1], Leadership(db), leader)))
+        while not await lost_events(api):
+            assert time.monotonic() < deadline, "the silent node was never marked lost"
+            await asyncio.sleep(0.05)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        stamps.close()
+        for store in stores:
+            store.close()
+    [event] = await lost_events(api)
+    assert event["data"]["nodeId"] == node["nodeId"]
+    assert epoch(event["at"]) - shed_at >= LOST_AFTER - 0.01
