@@ -18,7 +18,7 @@ from agent.applier import RemoteApply, Server, listener
 from agent.apply import RECORD, Applier, RecordingRunner, runner_for
 from agent.client import ControlPlane, ControlPlaneError
 from agent.delivery import Deliverer
-from agent.gate import Host, HostApply
+from agent.gate import Host, HostApply, refusal
 from agent.inventory import (
     FixtureError,
     InventoryCollector,
@@ -29,7 +29,7 @@ from agent.inventory.nvml.api import load_pynvml
 from agent.loop import Agent, JoinRefused, Settings, SpecRefused
 from agent.plan import describe, for_people, read_host, write_tree
 from agent.state import State, bookings_of, units_of
-from agent.trust import Untrusted, check_spec, plain_http_off_loopback
+from agent.trust import plain_http_off_loopback
 from shared.errors import InvalidInput
 from shared.files import atomic_write
 from shared.gpu import with_families
@@ -272,14 +272,12 @@ def _plan_kept_spec(
         click.echo("better-compute-agent: no NodeSpec fetched yet: nothing to plan", err=True)
         return
     spec = units_of(kept)
-    try:
-        # Its paths and commands; a plan of the units as the spec has them (the applier also
-        # renders them again from the spec's policy before applying them).
-        check_spec(root, spec, bookings_of(kept))
-    except Untrusted as exc:  # the plan of a spec the agent would not apply: its refusal
-        click.echo(f"better-compute-agent: spec refused: {exc}", err=True)
-        sys.exit(1)
     inventory = take_inventory()
+    # The very check the applier runs first: a plan of a spec it would not apply is its refusal.
+    refused = refusal(root, kept, inventory)
+    if refused is not None:
+        click.echo(f"better-compute-agent: spec refused: {refused.applied['refused']}", err=True)
+        sys.exit(1)
     bookings = deliverer.plan(bookings_of(kept), inventory)
     host = read_host(spec, root, inventory, state.directory / RECORD, bookings)
     _echo_plan(describe(spec, host, bookings), as_json)

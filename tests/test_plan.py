@@ -14,6 +14,7 @@ from agent.apply import Applier, RecordingRunner
 from agent.plan import Host, describe, for_people, read_host, write_tree
 from agent.state import State
 from tests.nodes import dry_run
+from tests.specs import served
 from tests.test_render import A100_GPU4, A100_GPU5, FIXTURES, FULL, host, spec_of
 
 DROP_IN = "/etc/default/grub.d/90-better-compute.cfg"
@@ -107,9 +108,10 @@ def test_run_dry_run_prints_the_plan_of_the_kept_spec(
     plan of the NodeSpec it keeps against --root, with what undoing a unit an earlier apply
     recorded runs (a service disabled first)."""
 
-    spec = spec_of({"hugepages": {"2Mi": 512}}, host("dgx-h100-01"))
+    policy = {"hugepages": {"2Mi": 512}}
+    spec = spec_of(policy, host("dgx-h100-01"))
     state = State(tmp_path / "state")
-    state.save_spec(msgspec.to_builtins(spec))
+    state.save_spec(served(spec.version, policy, host("dgx-h100-01")))
     gone = {"kind": "service", "key": "k", "service": "old.service"}
     (state.directory / "applied.json").write_text(json.dumps({"old/service": gone}))
     root = tmp_path / "root"
@@ -124,6 +126,22 @@ def test_run_dry_run_prints_the_plan_of_the_kept_spec(
     assert plan["units"][-1]["commands"] == [["systemctl", "disable", "--now", "old.service"]]
     assert plan["diff"]["root"] == str(root)
     assert os.listdir(root) == []
+
+
+def test_f3_run_dry_run_refuses_a_kept_spec_its_policy_does_not_render(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F3: the dry run checks the kept spec as the applier would: a unit that is not what the
+    agent renders of the spec's policy is the plan's refusal, exit 1, nothing printed."""
+    kept = served("v1", {"hugepages": {"2Mi": 512}}, host("dgx-h100-01"))
+    kept["policy"] = {"hugepages": {"2Mi": 1024}}  # the units no longer match the policy
+    state = State(tmp_path / "state")
+    state.save_spec(kept)
+    _, invoke = dry_run(monkeypatch, state.directory, tmp_path / "root")
+    result = invoke("--json")
+    assert result.exit_code == 1, result.output
+    assert "spec refused" in result.stderr and "not what this agent renders" in result.stderr
+    assert result.stdout == ""
 
 
 def test_d5_render_shows_and_writes_a_bookings_delivery(tmp_path: Path) -> None:
