@@ -152,6 +152,7 @@ async def test_l3_capacity_equals_capacity_by_pool(api: Api, db: Path) -> None:
                 "available": 0,
                 "releasing": 0,
                 "offered": 0,
+                "coverage": None,  # C5: nothing offered
             },
             {
                 "poolId": pool,
@@ -162,6 +163,7 @@ async def test_l3_capacity_equals_capacity_by_pool(api: Api, db: Path) -> None:
                 "available": 140,
                 "releasing": 0,
                 "offered": 0,
+                "coverage": None,  # C5: nothing offered
             },
         ]
     }
