@@ -90,6 +90,7 @@ def stored_reservation(resources: str) -> dict[str, Any]:
         "delivery_state": None,
         "delivery_reason": None,
         "delivery_at": None,
+        "ends_at": None,
     }
 
 
