@@ -95,6 +95,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/crash.py
 	$(BIN)/python bench/crash.py --postgres --rounds 3
 	$(BIN)/python bench/backends.py
+	$(BIN)/python bench/fleet_sim.py --nodes 2000 --seconds 60
 
 clean:
 	rm -rf $(VENV) $(DATA) .pytest_cache
