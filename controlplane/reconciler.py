@@ -4,8 +4,8 @@ then the placer's retries and placed → active. It sits on top of capacity/, an
 metrics what the passes it runs return.
 
 Liveness: reports stamp memory only. Every replica writes its nodes' stamps to its
-liveness store (storage/liveness.py), off the writer, each about every third of the grace
-period; before the leader's pass that store finds, also off the writer, the nodes with no
+liveness store (storage/liveness.py), off the writer, each about every sixth of the grace
+period (``STAMPS_PER_GRACE``); before the leader's pass that store finds, also off the writer, the nodes with no
 stamp in the grace period, and the pass marks lost those of them that memory has not seen
 either. So the writer spends nothing on the stamps of live nodes. No node is marked lost
 during the first grace period after a start, when memory has not seen the fleet yet, nor
@@ -26,7 +26,7 @@ import structlog
 
 from controlplane.capacity.bookings import Placement, retry_pending
 from controlplane.capacity.handover import fail_undelivered
-from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.liveness import STAMPS_PER_GRACE, Liveness
 from controlplane.capacity.nodes import Failed, isolated, reconcile_isolated
 from controlplane.capacity.states import node_event, progress_drain
 from controlplane.metrics import Metrics, count_placement
@@ -196,7 +196,7 @@ async def run_reconciler(
             if time.monotonic() - woken > LAG_BOUND_S:
                 overload.behind()  # the loop itself is late: so may its reports' answers be
             try:
-                await stamps.run(flush, stamps, liveness, lost_after / 3)
+                await stamps.run(flush, stamps, liveness, lost_after / STAMPS_PER_GRACE)
             except Exception:
                 overload.behind()  # its nodes' stamps are not where the leader looks
                 log.exception("liveness flush failed")

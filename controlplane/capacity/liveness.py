@@ -1,8 +1,8 @@
 """Node liveness kept cheap: a report with nothing new only stamps memory.
 
 Every replica writes the stamps of the nodes that report to it to its liveness store
-(storage/liveness.py), off the writer, each node's at most every third of --node-lost-after
-(``due``); the leader's lost-node check reads them there. Memory is read from the event loop,
+(storage/liveness.py), off the writer, each node's at most every sixth of --node-lost-after
+(``due``, ``STAMPS_PER_GRACE``); the leader's lost-node check reads them there. Memory is read from the event loop,
 the writer thread and the liveness thread alike: single dict operations, which the GIL makes
 safe beside the event loop's writes.
 """
@@ -13,6 +13,13 @@ from collections.abc import Iterable
 
 from controlplane.storage.db import timestamp
 from controlplane.storage.liveness import LivenessStore
+
+# A node's stamp is written at most every grace ÷ this. Six, not three: at three, with the
+# default report interval of a third of the grace, a report arriving a little early is not
+# yet due, so the next one is stamped, and written only at the pass after it: the stored
+# stamp could age almost a whole grace period and a node reporting to a follower be marked
+# lost. At six a stored stamp is at most about half the grace old.
+STAMPS_PER_GRACE = 6
 
 
 class Liveness:
