@@ -17,8 +17,9 @@ from controlplane.runtime import Runtime
 from controlplane.services.access import authorize
 from controlplane.services.call import Call, Caller, Env
 from controlplane.services.iam import authenticate, still_live
-from controlplane.services.reports import authenticate_node
+from controlplane.services.reports import authenticate_head, authenticate_node
 from controlplane.storage.db import Store, generation
+from controlplane.storage.node_types import NodeHead
 from controlplane.storage.sql import Database
 from shared.errors import Unauthenticated, relayed_error
 
@@ -40,9 +41,12 @@ def identify(
     token: str | None,
     request: MutableMapping[Any, Any],
     runtime: Runtime,
+    head: bool = False,
 ) -> Caller:
     """Who calls, by the method's kind of credential; UNAUTHENTICATED when unknown. Who it
-    is goes in ``request`` (the request, or a worker's stand-in) for the log line."""
+    is goes in ``request`` (the request, or a worker's stand-in) for the log line. A node's
+    credential resolves to its node's whole row, or with ``head`` (a write's first step,
+    decided again on the whole row in each of its transactions) to its small columns."""
     if method.auth == "credential":
         assert token is not None
         principal = authenticate(db, token, runtime.credentials)
@@ -52,7 +56,7 @@ def identify(
         return principal
     if method.auth == "node":
         assert token is not None
-        node = authenticate_node(db, token)
+        node = authenticate_head(db, token) if head else authenticate_node(db, token)
         if node is None:
             raise Unauthenticated("unknown node credential")
         request[CALLER] = {"node": node.id}
@@ -78,7 +82,8 @@ def gate(method: Method, token: str | None, call: Call[Any]) -> Callable[[Databa
                     raise Unauthenticated("unknown, revoked or expired credential")
             else:
                 node = authenticate_node(db, token)
-                if node is None or call.caller is None or node.id != call.node.id:
+                first = call.caller  # the node the request was identified as
+                if node is None or not isinstance(first, NodeHead) or node.id != first.id:
                     raise Unauthenticated("unknown, revoked or expired credential")
                 call.caller = node
         decide(db, method, call)
@@ -212,7 +217,8 @@ def method_handler(method: Method) -> Handler:
         # refusal costs no writer time, and a write that ends without a transaction (an
         # unchanged report) is decided too; decided again inside each transaction.
         def first(db: Database) -> Call[Any]:
-            call = Call(identify(method, db, token, request, runtime), body, runtime.env)
+            caller = identify(method, db, token, request, runtime, head=True)
+            call = Call(caller, body, runtime.env)
             decide(db, method, call)
             return call
 

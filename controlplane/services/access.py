@@ -12,7 +12,7 @@ from controlplane.storage import iam as iam_sql
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
-from controlplane.storage.node_types import NodeRow
+from controlplane.storage.node_types import NodeHead
 from controlplane.storage.sql import Database
 from controlplane.storage.types import ReservationRow, VisiblePool
 from shared.errors import Conflict, NotFound, PermissionDenied
@@ -167,7 +167,7 @@ def authorize(db: Database, caller: Caller, access: Access, body: Any) -> Found:
     if access.on == "attestor":
         return None
     if access.on == "own-node":
-        assert isinstance(caller, NodeRow)
+        assert isinstance(caller, NodeHead)
         if caller.id != body.node_id:
             raise NotFound("node not found", field="nodeId")
         return caller

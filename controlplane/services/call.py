@@ -14,12 +14,14 @@ from controlplane.capacity.bookings import Placement
 from controlplane.capacity.liveness import Liveness
 from controlplane.iam.cache import CredentialCache
 from controlplane.iam.decide import Principal
-from controlplane.storage.node_types import NodeRow
+from controlplane.storage.node_types import NodeHead, NodeRow
 from controlplane.storage.types import ReservationRow, VisiblePool
 
 Body = TypeVar("Body")
-Caller = Principal | NodeRow | None  # a tenant's credential, a node's, or none (nodes/join)
-Found = VisiblePool | ReservationRow | NodeRow | None
+# a tenant's credential, a node's (its head before a write's transaction, its whole row in it
+# and in a read: a NodeRow is a NodeHead), or none (nodes/join)
+Caller = Principal | NodeHead | None
+Found = VisiblePool | ReservationRow | NodeHead | None
 
 
 class Counters(Protocol):

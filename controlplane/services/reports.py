@@ -17,7 +17,7 @@ from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now
-from controlplane.storage.node_types import NodeRow, ReconcileRow
+from controlplane.storage.node_types import NodeHead, NodeRow, ReconcileRow
 from controlplane.storage.sql import Database
 from shared.gpu import with_families
 from shared.inventory import stable_digest
@@ -32,6 +32,12 @@ from shared.schemas import (
 
 def authenticate_node(db: Database, token: str) -> NodeRow | None:
     return node_sql.node_for_token(db, token_hash(token))
+
+
+def authenticate_head(db: Database, token: str) -> NodeHead | None:
+    """The head of a node credential's node: what a report decides on before any
+    transaction (F9), its large columns unread."""
+    return node_sql.head_for_token(db, token_hash(token))
 
 
 def failed_units(applied: Mapping[str, Any] | None, spec_units: Sequence[str]) -> set[str]:
@@ -59,7 +65,7 @@ def newly_failed(node: NodeRow, applied: dict[str, Any] | UnsetType) -> set[str]
     return failed_units(applied, ids) - failed_units(node.applied, ids)
 
 
-def answer(node: NodeRow, spec_version: str | None, sent: str | UnsetType) -> Reported:
+def answer(node: NodeHead, spec_version: str | None, sent: str | UnsetType) -> Reported:
     """F9: a report's answer, with the digest of the inventory held for the node; the whole
     inventory is wanted when the report's digest (``sent``) is not it, or none is held."""
     held = held_digest(node.inventory_hash)
@@ -73,8 +79,13 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
     A digest report decodes no inventory. When its digest is the one held it is the whole
     inventory as far as this report goes; when not, the node is alive (a heartbeat) but
     nothing else of the report is taken, and the answer asks for the whole inventory.
+
+    It is decided first on the node's head (what its credential resolved to, the large
+    columns unread): a report that brings nothing new ends there, writing nothing; one that
+    does is taken in a transaction, on the node's whole row read afresh there.
     """
-    liveness, node, req = call.env.liveness, call.node, call.body
+    liveness, node, req = call.env.liveness, call.caller, call.body
+    assert isinstance(node, NodeHead), "a node's method"
     sent = req.inventory_digest
     if sent is not UNSET and sent != held_digest(node.inventory_hash):
         liveness.seen(node.id)  # alive; its inventory, applied units and bookings wait

@@ -1,4 +1,5 @@
-"""Typed rows of the node tables: a node, a node with its pool as the reconciler reads it, a
+"""Typed rows of the node tables: a node (and its head: the small columns a report decides
+on first), a node with its pool as the reconciler reads it, a
 node_resources row, a GPU atom (node_devices), a join token and a silent node.
 
 Each row is read by position from the columns its statement names (no dict per row). A JSON
@@ -68,15 +69,53 @@ NODE_FIELDS = tuple(f"{c}_json" if c in JSON_COLUMNS else c for c in NODE_COLUMN
 _FIELD_OF = dict(zip(NODE_COLUMNS, NODE_FIELDS, strict=True))
 
 
-class NodeRow(Struct, frozen=True, kw_only=True, dict=True):
-    """A row of ``nodes``. ``inventory``, ``applied``, ``applied_units`` and ``spec`` are
-    decoded from their stored text on first read."""
+class NodeHead(Struct, frozen=True, kw_only=True):
+    """What a node credential resolves to before any transaction: the node's small columns a
+    report's first step decides on (F9: whether it brings news). The row's large columns
+    (inventory, spec, topology, bookings) are not read: a NodeRow, read whole in the
+    transaction of a report that has news, is the rest."""
 
     id: str
     pool_id: str
+    state: str
+    inventory_hash: str | None
+    spec_version: str | None
+    applied_json: str | None  # the agent's last report of what it applied, as stored
+    deliveries_json: str | None  # D5-D7: the agent's last report of its bookings
+
+
+# The columns of ``nodes`` a NodeHead holds, in its fields' order.
+HEAD_COLUMNS = (
+    "id",
+    "pool_id",
+    "state",
+    "inventory_hash",
+    "spec_version",
+    "applied",
+    "deliveries",
+)
+
+
+def node_head(row: Sequence[Any]) -> NodeHead:
+    """A row of a statement that selects ``HEAD_COLUMNS`` (in that order)."""
+    node_id, pool_id, state, inventory_hash, spec_version, applied, deliveries = row
+    return NodeHead(
+        id=node_id,
+        pool_id=pool_id,
+        state=state,
+        inventory_hash=inventory_hash,
+        spec_version=spec_version,
+        applied_json=applied,
+        deliveries_json=deliveries,
+    )
+
+
+class NodeRow(NodeHead, frozen=True, kw_only=True, dict=True):
+    """A row of ``nodes``. ``inventory``, ``applied``, ``applied_units`` and ``spec`` are
+    decoded from their stored text on first read."""
+
     hostname: str
     tenant_owned: bool
-    state: str
     state_reason: str | None
     created_at: str
     updated_at: str | None
@@ -84,7 +123,6 @@ class NodeRow(Struct, frozen=True, kw_only=True, dict=True):
     identity: str | None
     machine_id: str | None
     inventory_json: str | None
-    inventory_hash: str | None
     inventory_rev: int
     rows_inventory_rev: int
     rows_pool_version: int
@@ -93,12 +131,10 @@ class NodeRow(Struct, frozen=True, kw_only=True, dict=True):
     hugepages_2mi: int
     hugepages_1gi: int
     disk_total_bytes: int
-    applied_json: str | None  # the agent's last report of what it applied, as stored
     applied_version: str | None
     applied_units_json: str | None
     pending_reboot: bool
     spec_json: str | None
-    spec_version: str | None
     cordon_reason: str | None
     cordoned_at: str | None
     drain_reason: str | None
@@ -108,7 +144,6 @@ class NodeRow(Struct, frozen=True, kw_only=True, dict=True):
     removed_at: str | None
     topology_json: str | None  # D2: the host's GPU and CPU topology (capacity/topology.py)
     bookings_json: str | None  # D5: the bookings its NodeSpec carries
-    deliveries_json: str | None  # D5-D7: the agent's last report of its bookings
     free_atoms: int  # placeable GPU atoms not booked: the placer's bin-packing order
 
     @cached_property

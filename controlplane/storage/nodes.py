@@ -6,17 +6,20 @@ from typing import Any
 
 from controlplane.storage.node_types import (
     DEVICE_COLUMNS,
+    HEAD_COLUMNS,
     NODE_COLUMNS,
     POOL_COLUMNS,
     RESOURCE_COLUMNS,
     DeviceRow,
     JoinTokenRow,
+    NodeHead,
     NodePool,
     NodeRow,
     ReconcileRow,
     ResourceRow,
     SilentRow,
     device_row,
+    node_head,
     node_pool,
     node_row,
     reconcile_row,
@@ -88,6 +91,16 @@ def get_node(db: Database, node_id: str) -> NodeRow | None:
 def node_for_token(db: Database, hashed: bytes) -> NodeRow | None:
     """The node of a node credential: one indexed read, the row a report or a spec then uses."""
     return _node(db, "token_hash = ?", [hashed])
+
+
+_HEAD_FOR_TOKEN = f"SELECT {', '.join(HEAD_COLUMNS)} FROM nodes WHERE token_hash = ?"
+
+
+def head_for_token(db: Database, hashed: bytes) -> NodeHead | None:
+    """The small columns of a node credential's node (F9): one indexed read that leaves the
+    row's large columns (its ~8 KB inventory: SQLite's overflow pages) unread."""
+    found = db.execute(_HEAD_FOR_TOKEN, [hashed]).fetchone()
+    return None if found is None else node_head(found)
 
 
 def insert_node(db: Database, row: dict[str, Any]) -> None:

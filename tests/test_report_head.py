@@ -1,0 +1,82 @@
+"""F9: a small heartbeat is decided on its node's head (the small columns its credential
+resolves to), never on the large ones; a credential that ends is refused at its next report."""
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from controlplane.api.keys import RUNTIME
+from controlplane.storage.db import Store
+from tests.conftest import Api
+from tests.nodes import joined, pool_with_token, recorded
+from tests.statements import writer_statements
+
+LARGE_COLUMNS = re.compile(r"\b(inventory|spec|topology|bookings)\b")
+
+
+@contextmanager
+def reader_statements(store: Store) -> Iterator[list[str]]:
+    """The statements the store's loop reader executes while the block runs: on SQLite the
+    first step of every write runs there (on PostgreSQL, on a short reader's thread: none)."""
+    db = store.reader
+    seen: list[str] = []
+    if store.postgres:
+        yield seen
+        return
+    run = db.execute
+
+    def counted(sql: str, *args: Any) -> Any:
+        seen.append(sql)
+        return run(sql, *args)
+
+    db.execute = counted  # type: ignore[method-assign]
+    try:
+        yield seen
+    finally:
+        del db.execute
+
+
+async def digest_report(api: Api, node: dict[str, Any], digest: str) -> tuple[int, Any]:
+    response = await api.client.post(
+        "/api/compute/nodes/report",
+        json={"nodeId": node["nodeId"], "inventoryDigest": digest},
+        headers={"Authorization": f"Bearer {node['token']}"},
+    )
+    return response.status, await response.json()
+
+
+async def test_f9_a_heartbeat_reads_no_large_column_and_an_ended_credential_is_refused_at_once(
+    api: Api,
+) -> None:
+    """F9: a digest report that brings nothing new reads its node's small columns only (no
+    inventory, spec, topology or bookings) and writes nothing; a credential replaced by a
+    re-join, then the node's removal, refuse the very next report (401), changing nothing."""
+    _, token = await pool_with_token(api, max_uses=2)
+    inventory = recorded("dgx-h100-01")
+    first = await joined(api, token, inventory)
+    digest = first["inventoryDigest"]
+    store = api.client.app[RUNTIME].db
+    with reader_statements(store) as reads, writer_statements(store) as writes:
+        status, answer = await digest_report(api, first, digest)
+    assert status == 200, answer
+    assert answer["inventoryDigest"] == digest and answer["inventoryWanted"] is False
+    assert writes == []  # nothing new: no transaction at all
+    node_reads = [sql for sql in reads if re.search(r"\bFROM nodes\b", sql)]
+    assert store.postgres or len(node_reads) == 1, reads
+    assert not [sql for sql in node_reads if LARGE_COLUMNS.search(sql.split("FROM")[0])], reads
+
+    again = await joined(api, token, inventory)  # a new credential for the same node
+    assert again["nodeId"] == first["nodeId"] and again["token"] != first["token"]
+    status, answer = await digest_report(api, first, digest)
+    assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED")
+    status, answer = await digest_report(api, again, again["inventoryDigest"])
+    assert status == 200, answer
+
+    await api.ok(
+        "compute/nodes/remove", {"tenantId": "root", "nodeId": again["nodeId"], "force": True}
+    )
+    with writer_statements(store) as writes:
+        status, answer = await digest_report(api, again, again["inventoryDigest"])
+    assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED")
+    assert writes == []
