@@ -50,11 +50,11 @@ from common import (
     spawned,
     wait_ready,
 )
+from reconciler import insert_ready_nodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from agent.inventory import collect_inventory
 from controlplane.capacity.liveness import Liveness
-from controlplane.capacity.resources import HostFacts
 from controlplane.iam.decide import ROOT_TENANT
 from controlplane.reconciler import reconcile_pass
 from controlplane.services.iam import bootstrap
@@ -65,7 +65,7 @@ from controlplane.storage import sites as site_sql
 from controlplane.storage.db import Store, now
 from controlplane.storage.nodes import STALE
 from controlplane.storage.sql import Database
-from shared.inventory import Inventory, MigInstance, stable_digest
+from shared.inventory import Inventory, MigInstance
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 POOL_ID = "pool_" + "0" * 26
@@ -133,36 +133,7 @@ def populate(db: Database, count: int) -> None:
     quota_sql.put_quota(db, POOL_ID, ROOT_TENANT, "gpu.mig", 2147483647, at)
     quota_sql.put_quota(db, POOL_ID, "acme", "gpu.mig", 4 * count * 8, at)
     base = collect_inventory(fixture=FIXTURES, fixture_host="dgx-a100-02")
-    facts = HostFacts.of(base)
-    rows = []
-    for n in range(count):
-        own = laid_out(base, n)
-        rows.append(
-            (
-                f"node_{n:026d}",
-                POOL_ID,
-                own.hostname,
-                "ready",
-                at,
-                f"id{n}",
-                msgspec.json.encode(own).decode(),
-                stable_digest(own),
-                1,
-                facts.logical_cpus,
-                facts.memory_total_bytes,
-                facts.hugepages_2mi,
-                facts.hugepages_1gi,
-                facts.disk_total_bytes,
-                at,
-            )
-        )
-    db.executemany(
-        "INSERT INTO nodes (id, pool_id, hostname, state, created_at, identity, inventory, "
-        "inventory_hash, inventory_rev, logical_cpus, memory_total_bytes, hugepages_2mi, "
-        "hugepages_1gi, disk_total_bytes, last_seen_at) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        rows,
-    )
+    insert_ready_nodes(db, POOL_ID, [laid_out(base, n) for n in range(count)], at)
 
 
 def build(directory: Path, count: int) -> float:

@@ -21,6 +21,7 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -30,15 +31,49 @@ from controlplane.capacity.liveness import Liveness
 from controlplane.capacity.resources import HostFacts
 from controlplane.reconciler import reconcile_pass
 from controlplane.storage.db import Store, now
-from shared.inventory import stable_digest
+from controlplane.storage.sql import Database
+from shared.inventory import Inventory, stable_digest
 
 FIXTURES = Path(__file__).resolve().parent.parent / "agent" / "fixtures" / "host-fixtures.json"
 POLICY = b'{"hostReserve": {"vcpu": 8, "memoryGiB": 64}, "overcommit": {"vcpu": 2}}'
 
 
+def insert_ready_nodes(db: Database, pool_id: str, hosts: Sequence[Inventory], at: str) -> None:
+    """Ready nodes of ``pool_id``, one per inventory (its hostname, its facts), written straight
+    into the table: over HTTP thousands would take far too long."""
+    rows = []
+    for n, own in enumerate(hosts):
+        facts = HostFacts.of(own)
+        rows.append(
+            (
+                f"node_{n:026d}",
+                pool_id,
+                own.hostname,
+                "ready",
+                at,
+                f"id{n}",
+                msgspec.json.encode(own).decode(),
+                stable_digest(own),
+                1,
+                facts.logical_cpus,
+                facts.memory_total_bytes,
+                facts.hugepages_2mi,
+                facts.hugepages_1gi,
+                facts.disk_total_bytes,
+                at,
+            )
+        )
+    db.executemany(
+        "INSERT INTO nodes (id, pool_id, hostname, state, created_at, identity, inventory, "
+        "inventory_hash, inventory_rev, logical_cpus, memory_total_bytes, hugepages_2mi, "
+        "hugepages_1gi, disk_total_bytes, last_seen_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        rows,
+    )
+
+
 def populate(store: Store, count: int) -> None:
     inventory = collect_inventory(fixture=FIXTURES, fixture_host="dgx-h100-01")
-    facts = HostFacts.of(inventory)
     at = now()
 
     def build(db):  # type: ignore[no-untyped-def]
@@ -50,39 +85,16 @@ def populate(store: Store, count: int) -> None:
             "'metal-host', 'H100', 'exclusive', 'bcd', ?, 1, ?, ?)",
             [POLICY.decode(), at, at],
         )
-        rows = []
+        hosts = []
         for n in range(count):
             gpus = [
                 msgspec.structs.replace(gpu, uuid=f"GPU-{n:08x}-0000-0000-0000-{i:012x}")
                 for i, gpu in enumerate(inventory.gpus)
             ]
-            own = msgspec.structs.replace(inventory, machine_id=f"m{n}", gpus=gpus)
-            rows.append(
-                (
-                    f"node_{n:026d}",
-                    "pool_1",
-                    f"h{n}",
-                    "ready",
-                    at,
-                    f"id{n}",
-                    msgspec.json.encode(own).decode(),
-                    stable_digest(own),
-                    1,
-                    facts.logical_cpus,
-                    facts.memory_total_bytes,
-                    facts.hugepages_2mi,
-                    facts.hugepages_1gi,
-                    facts.disk_total_bytes,
-                    at,
-                )
+            hosts.append(
+                msgspec.structs.replace(inventory, machine_id=f"m{n}", hostname=f"h{n}", gpus=gpus)
             )
-        db.executemany(
-            "INSERT INTO nodes (id, pool_id, hostname, state, created_at, identity, inventory, "
-            "inventory_hash, inventory_rev, logical_cpus, memory_total_bytes, hugepages_2mi, "
-            "hugepages_1gi, disk_total_bytes, last_seen_at) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
-        )
+        insert_ready_nodes(db, "pool_1", hosts, at)
 
     store.transact(build)
 
