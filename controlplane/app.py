@@ -20,7 +20,9 @@ from controlplane.api.keys import (
     RUNTIME,
     SCHEMAS,
     TOKEN_PREFIXES,
+    WRITES,
 )
+from controlplane.api.method import Write
 from controlplane.api.middleware import request_middleware
 from controlplane.api.openapi import openapi_document
 from controlplane.api.ops import READINESS, Readiness
@@ -48,6 +50,7 @@ def make_app(config: Config) -> web.Application:
     app[METRICS] = Metrics.create()
     app[METHODS] = methods
     app[SCHEMAS] = {method.path: method.request for method in methods}
+    app[WRITES] = frozenset(method.path for method in methods if isinstance(method.call, Write))
     app[TOKEN_PREFIXES] = {m.path: PREFIXES[m.auth] for m in methods if m.auth in PREFIXES}
     app[BODY_TIMEOUT] = config.body_timeout
     app[READINESS] = Readiness()

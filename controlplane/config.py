@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from controlplane.overload import DEFAULT_MAX_INFLIGHT
+from controlplane.overload import DEFAULT_MAX_INFLIGHT, MAX_WRITE_WAIT_S
 
 # R7: "full" syncs every commit before the answer; "relaxed" trades power-loss safety away.
 Durability = Literal["full", "relaxed"]
@@ -37,3 +37,5 @@ class Config:
     metrics_listen: tuple[str, int] | None = None
     # F10: API requests handled at once; one more is shed (503 UNAVAILABLE, Retry-After).
     max_inflight: int = DEFAULT_MAX_INFLIGHT
+    # F10: a mutation is shed while the oldest one waiting for the writer waited this long.
+    max_write_wait: float = MAX_WRITE_WAIT_S

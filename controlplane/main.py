@@ -9,7 +9,7 @@ import click
 
 from controlplane.config import BODY_TIMEOUT_S, DB_TIMEOUT_S, READ_WORKERS, Config, Durability
 from controlplane.demo import demo
-from controlplane.overload import DEFAULT_MAX_INFLIGHT
+from controlplane.overload import DEFAULT_MAX_INFLIGHT, MAX_WRITE_WAIT_S
 from controlplane.server import (
     HEADER_TIMEOUT_S,
     KEEPALIVE_TIMEOUT_S,
@@ -136,6 +136,14 @@ def cli() -> None:
     help="API requests handled at once; beyond it a request is answered 503 UNAVAILABLE with "
     "Retry-After at once (shed) instead of queuing until its client times out (F10).",
 )
+@click.option(
+    "--max-write-wait",
+    type=click.FloatRange(min=0.1),
+    default=MAX_WRITE_WAIT_S,
+    show_default=True,
+    help="Seconds the oldest mutation may wait for this replica's writer before further "
+    "mutations are shed (503 UNAVAILABLE, Retry-After) (F10).",
+)
 @click.option("--log-format", type=click.Choice(["auto", "json", "console"]), default="auto")
 @click.option(
     "--log-level",
@@ -160,6 +168,7 @@ def serve(
     tls_key: Path | None,
     read_workers: int,
     max_inflight: int,
+    max_write_wait: float,
     log_format: str,
     log_level: str,
 ) -> None:
@@ -195,6 +204,7 @@ def serve(
         db_timeout=db_timeout,
         metrics_listen=metrics_listen,
         max_inflight=max_inflight,
+        max_write_wait=max_write_wait,
     )
     asyncio.run(
         run_server(

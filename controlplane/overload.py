@@ -4,7 +4,9 @@ Admission: at most ``--max-inflight`` API requests are handled at once; one more
 503 ``UNAVAILABLE`` with ``Retry-After`` at once, before its body is read, instead of queuing
 until its client times out. ``/healthz``, ``/readyz``, ``/metrics`` and the other GET paths
 are never shed, nor counted; a long-poll is counted only until its body is read (then it
-waits, holding no work).
+waits, holding no work). A mutation is shed as well while the oldest one waiting for this
+replica's writer has waited longer than ``--max-write-wait``: the count alone lets hundreds
+queue on a writer that several replicas share, each past its client's patience.
 
 Behind: a replica is behind while it sheds, answers 503 for any other reason (its database
 away, F1), lags (its reconcile loop woke late, a pass took longer than its interval, a flush
@@ -18,21 +20,30 @@ import time
 
 DEFAULT_MAX_INFLIGHT = 256  # requests handled at once per replica before it sheds
 SHED_RETRY_AFTER_S = 2  # Retry-After of a shed request: agents add their jitter to it
+# A mutation is shed while the oldest one waiting for the writer has waited longer than this:
+# well under the 10 s an agent waits for an answer, so a storm meets 503s, not timeouts.
+MAX_WRITE_WAIT_S = 2.0
 
 
 class Overload:
     """One replica's admission count and the last time it was behind (epoch seconds)."""
 
-    def __init__(self, max_inflight: int = DEFAULT_MAX_INFLIGHT) -> None:
+    def __init__(
+        self, max_inflight: int = DEFAULT_MAX_INFLIGHT, max_write_wait: float = MAX_WRITE_WAIT_S
+    ) -> None:
         self.max_inflight = max_inflight
+        self.max_write_wait = max_write_wait
         self.inflight = 0
         self.shed = 0  # requests shed since the start
         self.behind_at = time.time()  # a start: every node gets a whole grace period after it
 
-    def admit(self) -> bool:
+    def admit(self, write_wait: float | None = None) -> bool:
         """Whether one more request is handled now (then ``leave`` once it is done); when
-        not, the replica is behind."""
-        if self.inflight >= self.max_inflight:
+        not, the replica is behind. ``write_wait``, for a mutation: how long the oldest
+        mutation waiting for this replica's writer has waited; past ``max_write_wait`` one
+        more would only wait longer, so it is shed too."""
+        waits_too_long = write_wait is not None and write_wait > self.max_write_wait
+        if self.inflight >= self.max_inflight or waits_too_long:
             self.shed += 1
             self.behind()
             return False

@@ -195,3 +195,48 @@ async def test_f10_a_follower_that_sheds_holds_the_leaders_lost_check_back(
     [event] = await lost_events(api)
     assert event["data"]["nodeId"] == node["nodeId"]
     assert epoch(event["at"]) - shed_at >= LOST_AFTER - 0.01
+
+
+async def test_f10_mutations_are_shed_while_the_writer_is_behind_reads_are_not(
+    config: Config, aiohttp_client: Any
+) -> None:
+    """F10: while the oldest mutation waiting for the writer has waited past --max-write-wait,
+    a new mutation is answered 503 UNAVAILABLE with Retry-After at once (not queued behind it),
+    a read is answered; once the writer catches up, the waiting one commits and mutations are
+    taken again."""
+    app = make_app(dataclasses.replace(config, max_write_wait=0.2))
+    client = await aiohttp_client(app)
+    api = Api(client, config.root_token_file.read_text().strip())
+    store = app[RUNTIME].db
+    release = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def held(_: Any) -> None:  # the writer busy with a long transaction
+        asyncio.run_coroutine_threadsafe(release.wait(), loop).result(timeout=30)
+
+    holding = asyncio.create_task(store.write(held))
+    site = {"tenantId": "root", "name": "fra1", "region": "eu", "kind": "shared"}
+    waiting = asyncio.create_task(api.call("compute/sites/create", site))
+    await asyncio.sleep(0.4)
+    assert store.write_wait() > 0.2  # the site's create queued behind it, that long
+    shed = await asyncio.wait_for(  # queued instead, it would wait for the release
+        client.post(
+            "/api/compute/sites/create",
+            json={**site, "name": "ams1"},
+            headers={"Authorization": f"Bearer {api.token}"},
+        ),
+        timeout=10,
+    )
+    assert shed.status == 503
+    assert shed.headers["Retry-After"] == str(SHED_RETRY_AFTER_S)
+    assert (await shed.json())["error"]["code"] == "UNAVAILABLE"
+    assert (await api.ok("compute/sites/list", {"tenantId": "root"}))["items"] == []
+    assert not waiting.done()
+    release.set()
+    await holding
+    status, created = await waiting
+    assert status == 200, created
+    assert store.write_wait() == 0.0
+    await api.ok("compute/sites/create", {**site, "name": "ams1"})
+    names = [s["name"] for s in (await api.ok("compute/sites/list", {"tenantId": "root"}))["items"]]
+    assert sorted(names) == ["ams1", "fra1"]

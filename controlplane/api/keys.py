@@ -13,6 +13,8 @@ METHODS = web.AppKey("methods", tuple)
 OPENAPI = web.AppKey("openapi", bytes)
 # Each method's request schema by path: the screen decodes a body once, with it.
 SCHEMAS = web.AppKey("schemas", dict)
+# The paths of the mutations: shed too while this replica's writes wait long (F10).
+WRITES = web.AppKey("writes", frozenset)
 # What the screen made of the body: the decoded request, the schema's ValidationError (raised
 # after authentication), or None when the path is no method's.
 BODY: web.RequestKey[object] = web.RequestKey("body", object)

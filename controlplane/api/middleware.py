@@ -9,7 +9,7 @@ import structlog
 from aiohttp import web
 
 from controlplane.api.answer import error_response, json_response
-from controlplane.api.keys import BODY, CALLER, METRICS, RUNTIME, SCHEMAS
+from controlplane.api.keys import BODY, CALLER, METRICS, RUNTIME, SCHEMAS, WRITES
 from controlplane.api.screen import incoming_request_id, screen
 from controlplane.overload import SHED_RETRY_AFTER_S, Overload
 from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, Unavailable, error_body
@@ -35,7 +35,8 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     try:
         try:
             if overload is not None:
-                if not overload.admit():
+                writes = request.path in request.app[WRITES]
+                if not overload.admit(request.app[RUNTIME].db.write_wait() if writes else None):
                     raise Unavailable(
                         "the control plane is overloaded; try again",
                         retry_after=SHED_RETRY_AFTER_S,

@@ -17,6 +17,8 @@ the latter is also a ``NOTIFY`` that every replica listens to.
 """
 
 import asyncio
+import collections
+import contextlib
 import os
 import sqlite3
 import stat
@@ -230,6 +232,16 @@ def savepoint(db: Database) -> Iterator[None]:
     db.execute("RELEASE unit")
 
 
+class _Waiting:
+    """A mutation waiting for the writer thread since ``since`` (monotonic seconds); each is
+    its own (compared by identity)."""
+
+    __slots__ = ("since",)
+
+    def __init__(self, since: float) -> None:
+        self.since = since
+
+
 class Store:
     """The database of one control plane: a writer and readers, on a SQLite file or a
     PostgreSQL database that several replicas share (B3, B4)."""
@@ -263,6 +275,7 @@ class Store:
         if not self.postgres:
             _private_files(self.path)  # the -wal and -shm files SQLite made beside it
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        self._waiting: collections.deque[_Waiting] = collections.deque()  # in arrival order
         self._readers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reader")
         # PostgreSQL's short reads (a get, a cache check, a write's IAM pre-check) on threads of
         # their own: never queued behind long lists.
@@ -369,14 +382,36 @@ class Store:
         db.execute("COMMIT")
         return result, db.appended, db.audience
 
+    def write_wait(self) -> float:
+        """Seconds the oldest mutation still waiting for the writer thread has waited (0 when
+        none waits): how far behind this replica's writes are (F10)."""
+        try:
+            oldest = self._waiting[0]
+        except IndexError:
+            return 0.0
+        return time.monotonic() - oldest.since
+
+    def _started(
+        self, waiting: _Waiting, fn: Callable[[Database], T], own_rows: str | None
+    ) -> tuple[T, int, frozenset[str]]:
+        with contextlib.suppress(ValueError):  # the caller may have left meanwhile
+            self._waiting.remove(waiting)
+        return self._transact(fn, own_rows)
+
     async def write(self, fn: Callable[[Database], T], own_rows: str | None = None) -> T:
         """Run the mutation ``fn`` on the writer thread, in one transaction; ``own_rows``:
         it writes only the rows of the node of that key (its id, or for a first join its
         machine identity), and may run beside other such mutations (``SERIAL_LOCK``)."""
         loop = asyncio.get_running_loop()
-        result, appended, audience = await loop.run_in_executor(
-            self._writer, self._transact, fn, own_rows
-        )
+        waiting = _Waiting(time.monotonic())
+        self._waiting.append(waiting)
+        try:
+            result, appended, audience = await loop.run_in_executor(
+                self._writer, self._started, waiting, fn, own_rows
+            )
+        finally:
+            with contextlib.suppress(ValueError):  # cancelled before the writer took it
+                self._waiting.remove(waiting)
         if appended and self.on_commit is not None:
             self.on_commit(appended, audience)
         return result
