@@ -24,7 +24,7 @@ from agent.client import ControlPlane, Unreachable
 from agent.loop import Agent, Settings
 from agent.state import NodeCredential, State
 from shared.inventory import Inventory
-from tests.daemons import Daemon, free_port
+from tests.daemons import Daemon, serving
 from tests.nodes import recorded
 from tests.specs import HUGEPAGES, HUGEPAGES_FILE, HUGEPAGES_TEXT, host_apply, served
 from tests.test_reservation_delivery import Api
@@ -56,18 +56,6 @@ class Recorder:
         if self.old:
             answer = {k: v for k, v in answer.items() if k not in ("inventoryDigest",)}
         return answer
-
-
-@asynccontextmanager
-async def serving(app: web.Application) -> AsyncIterator[str]:
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 @asynccontextmanager

@@ -50,7 +50,7 @@ from shared.nodespec import Booking, NodeSpecUnits, RenderRefused, Unit
 from shared.policy import parse_policy
 from shared.render import render
 from shared.sdnotify import Notifier
-from tests.daemons import Daemon, call, free_port, root_pool
+from tests.daemons import Daemon, call, root_pool, serving
 from tests.nodes import FIXTURES, recorded
 from tests.specs import HUGEPAGES_FILE, HUGEPAGES_TEXT, host_apply, served
 from tests.test_agent_e2e import AGENT, agent_command, nodes_of
@@ -494,14 +494,10 @@ async def lying(upstream: str, unit: dict[str, Any]) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", forward)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
     try:
-        yield f"http://127.0.0.1:{port}"
+        async with serving(app) as url:
+            yield url
     finally:
-        await runner.cleanup()
         await session.close()
 
 
