@@ -98,9 +98,10 @@ def test_the_readme_walk_runs_as_written(tmp_path: Path) -> None:
         assert '"code":"INVALID_INPUT"' in output and '"code":"CONFLICT"' in output, output
         assert re.search(r"dgx-h100-sick\s+ready\s+8x H100 \(2 unhealthy\)", output), output
         assert re.search(r"^gpu\s+8\s+6\s+0\s+6\s", output, re.M), output  # 6 of 8 sold
-        placed = re.search(r"^state:\s+placed$", output, re.M)
-        ended = re.search(r"^state:\s+ended$", output, re.M)
-        assert placed and ended and placed.start() < ended.start(), output
+        # The first get races the agent's delivery: it shows the reservation placed or already
+        # active; the get after the wait shows it active, and it is ended after that.
+        states = re.findall(r"^state:\s+(pending|placed|active|ended)$", output, re.M)
+        assert states[:3] in (["placed", "active", "ended"], ["active", "active", "ended"]), output
         assert "drain:           drained: kernel update" in output, output
         assert "reboot needed: yes" in output, output  # the local render
         # C3: an offer for a term, its end shown to the owner and to the tenant
