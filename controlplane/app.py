@@ -18,16 +18,14 @@ from controlplane.api.keys import (
     METRICS,
     OPENAPI,
     RUNTIME,
-    SCHEMAS,
-    TOKEN_PREFIXES,
-    WRITES,
+    SCREENED,
 )
 from controlplane.api.method import Write
 from controlplane.api.middleware import request_middleware
 from controlplane.api.openapi import openapi_document
 from controlplane.api.ops import READINESS, Readiness
 from controlplane.api.routes import ALL_METHODS, add_metrics_listener_routes, add_routes
-from controlplane.api.screen import PREFIXES
+from controlplane.api.screen import PREFIXES, Screened
 from controlplane.config import MAX_BODY_BYTES, Config
 from controlplane.metrics import COUNTED, Metrics
 from controlplane.reads.workers import ReadWorkers
@@ -49,9 +47,12 @@ def make_app(config: Config) -> web.Application:
     app[RUNTIME] = Runtime(config, workers=workers, counters=COUNTED)
     app[METRICS] = Metrics.create()
     app[METHODS] = methods
-    app[SCHEMAS] = {method.path: method.request for method in methods}
-    app[WRITES] = frozenset(method.path for method in methods if isinstance(method.call, Write))
-    app[TOKEN_PREFIXES] = {m.path: PREFIXES[m.auth] for m in methods if m.auth in PREFIXES}
+    app[SCREENED] = {
+        m.path: Screened(
+            msgspec.json.Decoder(m.request), isinstance(m.call, Write), PREFIXES.get(m.auth)
+        )
+        for m in methods
+    }
     app[BODY_TIMEOUT] = config.body_timeout
     app[READINESS] = Readiness()
     app[OPENAPI] = msgspec.json.encode(openapi_document(methods, version("better-compute")))

@@ -9,7 +9,7 @@ import structlog
 from aiohttp import web
 
 from controlplane.api.answer import error_response, json_response
-from controlplane.api.keys import BODY, CALLER, METRICS, RUNTIME, SCHEMAS, WRITES
+from controlplane.api.keys import BODY, CALLER, METRICS, RUNTIME, SCREENED
 from controlplane.api.screen import incoming_request_id, screen
 from controlplane.overload import SHED_RETRY_AFTER_S, Overload
 from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, Unavailable, error_body
@@ -28,21 +28,22 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     structlog.contextvars.bind_contextvars(request_id=request_id)
     started = time.perf_counter()
     hang_up = False
+    app = request.app
+    screened = app.get(SCREENED, {}).get(request.path)  # None: no API method's path
     overload: Overload | None = None
     admitted: Overload | None = None  # holds one of its slots
-    if request.path in request.app.get(SCHEMAS, ()):
-        overload = request.app[RUNTIME].overload
     try:
         try:
-            if overload is not None:
-                writes = request.path in request.app[WRITES]
-                if not overload.admit(request.app[RUNTIME].db.write_wait() if writes else None):
+            if screened is not None:
+                runtime = app[RUNTIME]
+                overload = runtime.overload
+                if not overload.admit(runtime.db.write_wait() if screened.write else None):
                     raise Unavailable(
                         "the control plane is overloaded; try again",
                         retry_after=SHED_RETRY_AFTER_S,
                     )
                 admitted = overload
-            await screen(request)
+            await screen(request, screened)
             if admitted is not None and getattr(request.get(BODY), "wait_seconds", None):
                 admitted.leave()  # a long-poll waits holding no work: not counted
                 admitted = None
@@ -78,7 +79,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
         elapsed = time.perf_counter() - started
         response.headers["X-Request-Id"] = request_id
         route = request.path if request.match_info.route.resource else "unmatched"
-        request.app[METRICS].observe(route, response.status, elapsed)
+        app[METRICS].observe(route, response.status, elapsed)
         log_request(
             request_id,
             request.method,

@@ -5,13 +5,14 @@ import asyncio
 import itertools
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from controlplane.api.keys import BODY, BODY_TIMEOUT, SCHEMAS, TOKEN_PREFIXES
+from controlplane.api.keys import BODY, BODY_TIMEOUT
 from controlplane.config import BODY_TIMEOUT_S, MAX_BODY_BYTES
 from controlplane.iam.tokens import CREDENTIAL_PREFIX, NODE_PREFIX
 from shared.errors import BodyTimedOut, InvalidInput, PayloadTooLarge, Unauthenticated
@@ -24,7 +25,6 @@ _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # Content-Type values taken without parsing (what the CLI, the agent and aiohttp send).
 _JSON_TYPES = frozenset({JSON, "application/json; charset=utf-8", "application/json;charset=utf-8"})
 _OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])  # checks the syntax, builds no values
-_DECODERS: dict[type, msgspec.json.Decoder[Any]] = {}  # one per method's request schema
 # A string, or an unclosed one to the end of the body: possessive, so a body of unclosed
 # strings is one linear scan (a pattern that must find the closing quote backtracks from
 # every quote to the end: quadratic, seconds of the event loop for 32 KB).
@@ -57,12 +57,22 @@ def json_depth(raw: bytes) -> int:
     return max(itertools.accumulate(memoryview(steps).cast("b")), default=0)
 
 
-def check_body(raw: bytes, schema: type | None = None) -> object:
+@dataclass(frozen=True, slots=True)
+class Screened:
+    """What admission and the screen need of one method, found by its path once a request."""
+
+    decoder: msgspec.json.Decoder[Any]  # of its request schema
+    write: bool  # a mutation: shed too while this replica's writes wait long (F10)
+    token_prefix: str | None  # F4: its kind of bearer token (nodes/join takes none)
+
+
+def check_body(raw: bytes, decoder: msgspec.json.Decoder[Any] | None = None) -> object:
     """R2: the body is UTF-8, JSON, nested at most MAX_DEPTH deep, and an object.
 
-    With its method's ``schema``, a good body is decoded once, here, and returned; one the
-    schema refuses has its JSON checked apart (R2's refusals come first) and the schema's
-    ``ValidationError`` is returned, for the method to raise after authentication.
+    With the ``decoder`` of its method's schema, a good body is decoded once, here, and
+    returned; one the schema refuses has its JSON checked apart (R2's refusals come first)
+    and the schema's ``ValidationError`` is returned, for the method to raise after
+    authentication.
     """
     if not raw.isascii():
         try:
@@ -76,9 +86,9 @@ def check_body(raw: bytes, schema: type | None = None) -> object:
         and json_depth(raw) > MAX_DEPTH
     ):
         raise InvalidInput(f"the body nests arrays or objects deeper than {MAX_DEPTH} levels")
-    if schema is not None:
+    if decoder is not None:
         try:
-            return _decoder(schema).decode(raw)
+            return decoder.decode(raw)
         except msgspec.ValidationError as refused:
             outcome: object = refused
         except (msgspec.DecodeError, RecursionError):
@@ -92,13 +102,6 @@ def check_body(raw: bytes, schema: type | None = None) -> object:
     except (msgspec.DecodeError, RecursionError):
         raise InvalidInput("the body is not valid JSON") from None
     return outcome
-
-
-def _decoder(schema: type) -> msgspec.json.Decoder[Any]:
-    decoder = _DECODERS.get(schema)
-    if decoder is None:
-        decoder = _DECODERS[schema] = msgspec.json.Decoder(schema)
-    return decoder
 
 
 def is_json_type(value: str | None) -> bool:
@@ -127,14 +130,15 @@ def is_json_type(value: str | None) -> bool:
 
 async def read_body(request: web.Request) -> bytes:
     """The whole body (aiohttp keeps it: parse_body reads it again for free), at most 1 MiB."""
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise PayloadTooLarge("request body is over 1 MiB", limit=MAX_BODY_BYTES)
-    # Screened as soon as its head is parsed, so the deadline runs from the headers (F4): a
-    # body trickled in a byte at a time holds its connection no longer than this.
-    seconds = request.app.get(BODY_TIMEOUT, BODY_TIMEOUT_S)
+    seconds = BODY_TIMEOUT_S
     try:
         if request.content.is_eof():  # the usual case: it came whole with its head
-            return await request.read()
+            return await request.read()  # over 1 MiB: aiohttp's client_max_size refuses it
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            raise PayloadTooLarge("request body is over 1 MiB", limit=MAX_BODY_BYTES)
+        # Screened as soon as its head is parsed, so the deadline runs from the headers (F4):
+        # a body trickled in a byte at a time holds its connection no longer than this.
+        seconds = request.app.get(BODY_TIMEOUT, BODY_TIMEOUT_S)
         async with asyncio.timeout(seconds):
             return await request.read()
     except TimeoutError:
@@ -164,7 +168,7 @@ def check_token_shape(headers: Mapping[str, str], prefix: str) -> None:
         raise Unauthenticated("unknown, revoked or expired credential")
 
 
-async def screen(request: web.Request) -> None:
+async def screen(request: web.Request, screened: Screened | None) -> None:
     """R2: refused before authentication and before any method runs, as INVALID_INPUT.
 
     Any request with a second ``Authorization`` header. A method (a POST on a route) whose
@@ -172,20 +176,18 @@ async def screen(request: web.Request) -> None:
     Content-Type is not ``application/json`` (a missing one included: every client we ship,
     and curl with ``-H 'Content-Type: application/json'``, sends it; ``curl -d`` alone sends a
     form type). F4: a body not whole within the body timeout (408), then a bearer token that
-    cannot be the method's kind of credential (401).
+    cannot be the method's kind of credential (401). ``screened``: what the path's method
+    needs, None when the path is no method's (an app without methods: a test's).
     """
     headers = request.headers
     if len(headers.getall("Authorization", ())) > 1:
         raise InvalidInput("send one Authorization header", header="Authorization")
     if request.method != "POST" or request.match_info.http_exception is not None:
         return
-    route = request.match_info.route.resource
-    path = None if route is None else route.canonical
-    # An app without methods (a test's) has neither schemas nor token kinds.
-    request[BODY] = check_body(await read_body(request), request.app.get(SCHEMAS, {}).get(path))
+    raw = await read_body(request)
+    request[BODY] = check_body(raw, None if screened is None else screened.decoder)
     content_type = headers.get("Content-Type")
     if content_type not in _JSON_TYPES and not is_json_type(content_type):
         raise InvalidInput("send Content-Type: application/json", header="Content-Type")
-    prefix = request.app.get(TOKEN_PREFIXES, {}).get(path)
-    if prefix is not None:
-        check_token_shape(headers, prefix)
+    if screened is not None and screened.token_prefix is not None:
+        check_token_shape(headers, screened.token_prefix)

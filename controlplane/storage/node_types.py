@@ -96,12 +96,22 @@ HEAD_COLUMNS = (
 )
 
 
-HEAD_FIELDS = tuple(_FIELD_OF[column] for column in HEAD_COLUMNS)
+assert tuple(_FIELD_OF[column] for column in HEAD_COLUMNS) == NodeHead.__struct_fields__
 
 
 def node_head(row: Sequence[Any]) -> NodeHead:
-    """A row of a statement that selects ``HEAD_COLUMNS`` (in that order)."""
-    return NodeHead(**dict(zip(HEAD_FIELDS, row, strict=True)))
+    """A row of a statement that selects ``HEAD_COLUMNS`` (in that order). Named one by one:
+    the head is read on every heartbeat, and a dict of the row took twice as long."""
+    node_id, pool_id, state, inventory_hash, spec_version, applied, deliveries = row
+    return NodeHead(
+        id=node_id,
+        pool_id=pool_id,
+        state=state,
+        inventory_hash=inventory_hash,
+        spec_version=spec_version,
+        applied_json=applied,
+        deliveries_json=deliveries,
+    )
 
 
 class NodeRow(NodeHead, frozen=True, kw_only=True, dict=True):
