@@ -135,7 +135,11 @@ class Agent:
             answer["nodeId"], answer["token"], answer["poolId"], self.settings.controlplane
         )
         self.state.save_credential(credential)
-        self.digest = None  # a new node's first report carries its inventory whole
+        # F9: the join carried the inventory whole; its answer's digest is the one held, so
+        # the first report is a heartbeat unless the inventory moved since.
+        digest = answer.get("inventoryDigest")
+        self.digest = digest if isinstance(digest, str) else None
+        self.sent, self.wanted = inventory, answer.get("inventoryWanted") is True
         log.info(
             "joined", node=credential.node_id, pool=credential.pool_id, rejoined=answer["rejoined"]
         )

@@ -21,9 +21,11 @@ Each simulated agent is a host: the recorded DGX H100 (``agent/fixtures/host-fix
 ``dgx-h100-01``) as the agent's own inventory code reads the fixture (``collect_inventory``),
 made a distinct machine (its machine id, hostname, GPU UUIDs and serials). It joins for real
 with the pool's join token and keeps its own node credential. It reports as the agent does:
-the whole inventory on its first report and whenever an answer says ``inventoryWanted: true``,
-else the ``inventoryDigest`` the last answer gave (F9; while answers carry none, or with
-``--no-digest``, the whole inventory every time). When an answer's ``specVersion`` is not the
+its join carries the whole inventory, and each report after it the ``inventoryDigest`` the last
+answer gave (the join's included: F9), or the whole inventory when an answer says
+``inventoryWanted: true`` (while answers carry none, or with ``--no-digest``, every time; with
+``--whole-first`` at the first report too, as from agents that just started: a power-on, the
+heaviest storm). When an answer's ``specVersion`` is not the
 spec it holds it fetches ``nodes/spec`` and reports at once what it did: every unit applied,
 each live booking ``delivered``, each released one ``released`` (so reservations become active
 and their devices come back, D6, D7); those fields are sent until a report carrying them is
@@ -156,6 +158,7 @@ PG_SETTINGS = ("listen_addresses=127.0.0.1", "max_connections=200")
 class JoinAnswer(msgspec.Struct, rename="camel"):
     node_id: str
     token: str
+    inventory_digest: str | None = None  # F9: the agent's first report sends it, as the agent
 
 
 class ReportAnswer(msgspec.Struct, rename="camel"):
@@ -191,13 +194,16 @@ class Options:
     reservations_per_s: float = 5.0
     seed: int = 0
     digest: bool = True
+    whole_first: bool = False  # the first report whole, as from agents that just started
     connections: int = 1000
     join_concurrency: int = 64
     daemon_args: tuple[str, ...] = ()
 
     @property
     def mode(self) -> str:
-        digest = "" if self.digest else ", no digest"
+        digest = ("" if self.digest else ", no digest") + (
+            ", whole first" if self.whole_first else ""
+        )
         if self.backend == "sqlite":
             return f"sqlite{digest}"
         return f"postgresql x{self.replicas}{digest}"
@@ -566,6 +572,15 @@ class Fleet:
             if outcome.status == 200:
                 joined = JOIN_ANSWER.decode(outcome.payload)
                 agent.node_id = joined.node_id
+                if (
+                    self.options.digest
+                    and not self.options.whole_first
+                    and joined.inventory_digest is not None
+                ):
+                    agent.digest = joined.inventory_digest
+                    agent.heartbeat = encode(
+                        {"nodeId": agent.node_id, "inventoryDigest": agent.digest}
+                    )
                 agent.headers = {
                     "Content-Type": "application/json",
                     "Authorization": f"Bearer {joined.token}",
@@ -1309,6 +1324,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-digest", action="store_true", help="whole inventories every report")
     parser.add_argument(
+        "--whole-first",
+        action="store_true",
+        help="the first report carries the whole inventory (agents that just started: a "
+        "power-on), not the join's digest",
+    )
+    parser.add_argument(
         "--connections", type=int, default=1000, help="requests in flight at most (default 1000)"
     )
     parser.add_argument("--join-concurrency", type=int, default=64)
@@ -1347,6 +1368,7 @@ def options_of(args: argparse.Namespace, nodes: int) -> Options:
         reservations_per_s=args.reservations_per_s,
         seed=args.seed,
         digest=not args.no_digest,
+        whole_first=args.whole_first,
         connections=min(args.connections, max(nodes, 1)),
         join_concurrency=args.join_concurrency,
         daemon_args=tuple(arg for flag in args.daemon_arg for arg in shlex.split(flag)),

@@ -3,7 +3,8 @@
 Every mutation is a plain synchronous function ``fn(db)`` run by the single
 writer inside ``BEGIN IMMEDIATE`` (PostgreSQL: ``BEGIN`` and the serial lock, see
 ``SERIAL_LOCK``) and committed as a whole, events included; nothing awaits inside a
-transaction.
+transaction. On SQLite, node reports and first joins waiting one behind the other share a
+group commit, each in a savepoint (``GROUP_MAX``).
 Reads use other connections, which WAL (PostgreSQL's MVCC) lets run beside the
 writer: short ones on the event loop's own, long ones (lists) on a small pool of
 reader threads, each with its own connection (B6), so a long read holds the
@@ -223,6 +224,8 @@ def savepoint(db: Database) -> Iterator[None]:
     try:
         yield
     except BaseException:
+        if not db.in_transaction:  # SQLite ended the whole transaction: nothing to undo here
+            raise
         db.execute("ROLLBACK TO unit")
         db.execute("RELEASE unit")
         db.appended, db.audience = events_before
@@ -366,8 +369,8 @@ class Store:
     def _transact(
         self,
         fn: Callable[[Database], T],
-        own_rows: str | None,
-        gate: Callable[[Database], None] | None,
+        own_rows: str | None = None,
+        gate: Callable[[Database], None] | None = None,
     ) -> tuple[T, int, frozenset[str]]:
         """``fn``'s result, the seq of the last event it appended (0 when none) and the
         tenants its events are visible to. On PostgreSQL, ``own_rows`` (a node's key) runs it
