@@ -69,7 +69,7 @@ NODE_FIELDS = tuple(f"{c}_json" if c in JSON_COLUMNS else c for c in NODE_COLUMN
 _FIELD_OF = dict(zip(NODE_COLUMNS, NODE_FIELDS, strict=True))
 
 
-class NodeHead(Struct, frozen=True, kw_only=True):
+class NodeHead(Struct, frozen=True):
     """What a node credential resolves to before any transaction: the node's small columns a
     report's first step decides on (F9: whether it brings news). The row's large columns
     (inventory, spec, topology, bookings) are not read: a NodeRow, read whole in the
@@ -100,18 +100,10 @@ assert tuple(_FIELD_OF[column] for column in HEAD_COLUMNS) == NodeHead.__struct_
 
 
 def node_head(row: Sequence[Any]) -> NodeHead:
-    """A row of a statement that selects ``HEAD_COLUMNS`` (in that order). Named one by one:
-    the head is read on every heartbeat, and a dict of the row took twice as long."""
-    node_id, pool_id, state, inventory_hash, spec_version, applied, deliveries = row
-    return NodeHead(
-        id=node_id,
-        pool_id=pool_id,
-        state=state,
-        inventory_hash=inventory_hash,
-        spec_version=spec_version,
-        applied_json=applied,
-        deliveries_json=deliveries,
-    )
+    """A row of a statement that selects ``HEAD_COLUMNS`` (in that order, which is its
+    fields'): positional, as the head is read on every heartbeat (a dict of it took twice as
+    long)."""
+    return NodeHead(*row)
 
 
 class NodeRow(NodeHead, frozen=True, kw_only=True, dict=True):
