@@ -244,13 +244,6 @@ GROUP_SECONDS = 0.025
 Outcome = tuple[Any, int, frozenset[str]]  # a mutation's result, last seq and audience
 
 
-def _raise(exc: Exception) -> Callable[[], Outcome]:
-    def again() -> Outcome:
-        raise exc
-
-    return again
-
-
 class _Mutation:
     """A mutation for the writer thread, waiting since ``since`` (monotonic seconds); each is
     its own (compared by identity). ``outcome`` is set once it is committed, or refused."""
@@ -267,11 +260,12 @@ class _Mutation:
         self.since = time.monotonic()
         self.outcome: Future[Outcome] = Future()
 
-    def settle(self, run: Callable[[], Outcome]) -> None:
-        try:
-            self.outcome.set_result(run())
-        except BaseException as exc:  # as the executor's work items do: the caller re-raises
-            self.outcome.set_exception(exc)
+    def settle(self, ended: Outcome | BaseException) -> None:
+        """Tell its caller how it ended: its outcome, or the exception it raises there."""
+        if isinstance(ended, BaseException):
+            self.outcome.set_exception(ended)
+        else:
+            self.outcome.set_result(ended)
 
 
 class Store:
@@ -462,29 +456,30 @@ class Store:
         A group that cannot commit (or whose transaction a failure ended) is run again one
         by one, each alone, as if there were no groups."""
         group = self._take_group()
-        if len(group) == 1:
-            mutation = group[0]
-            mutation.settle(lambda: self._transact(mutation.fn, mutation.own_rows, mutation.gate))
-            return
-        if not group:
-            return  # an earlier group took this call's mutation
-        try:
-            settled = self._transact_group(group)
-        except BaseException:
-            for mutation in group:
-                mutation.settle(
-                    lambda m=mutation: self._transact(m.fn, m.own_rows, m.gate)  # type: ignore[misc]
-                )
-            return
-        for mutation, run in zip(group, settled, strict=True):
-            mutation.settle(run)
+        if len(group) > 1:
+            try:
+                ended = self._transact_group(group)
+            except BaseException:
+                pass  # nothing of it was committed: each runs alone below
+            else:
+                for mutation, end in zip(group, ended, strict=True):
+                    mutation.settle(end)
+                return
+        for mutation in group:
+            mutation.settle(self._alone(mutation))
 
-    def _transact_group(self, group: list[_Mutation]) -> list[Callable[[], Outcome]]:
+    def _alone(self, mutation: _Mutation) -> Outcome | BaseException:
+        try:
+            return self._transact(mutation.fn, mutation.own_rows, mutation.gate)
+        except BaseException as exc:  # as the executor's work items do: the caller re-raises
+            return exc
+
+    def _transact_group(self, group: list[_Mutation]) -> list[Outcome | BaseException]:
         """SQLite: ``group`` in one transaction, each mutation in a savepoint; how each ended
-        (its outcome, or its exception re-raised), once the transaction is committed."""
+        (its outcome, or the exception it raised), once the transaction is committed."""
         db = self._writer_db
         db.execute("BEGIN IMMEDIATE")
-        settled: list[Callable[[], Outcome]] = []
+        ended: list[Outcome | BaseException] = []
         try:
             for mutation in group:
                 db.appended, db.audience = 0, frozenset()
@@ -498,17 +493,16 @@ class Store:
                         raise
                     db.execute("ROLLBACK TO mutation")
                     db.execute("RELEASE mutation")
-                    settled.append(_raise(exc))
+                    ended.append(exc)
                     continue
                 db.execute("RELEASE mutation")
-                outcome = (result, db.appended, db.audience)
-                settled.append(lambda outcome=outcome: outcome)  # type: ignore[misc]
+                ended.append((result, db.appended, db.audience))
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
-        return settled
+        return ended
 
     async def write(self, fn: Callable[[Database], T], own_rows: str | None = None) -> T:
         """Run the mutation ``fn`` on the writer thread, in one transaction; ``own_rows``:
