@@ -58,13 +58,16 @@ browser:
 	else echo "make: chromium is missing and no apt-get or dnf here to install it: install Chromium, then rerun" >&2; exit 1; fi; \
 	( $(CHROMIUM_FOUND) ) || { echo "make: installing Chromium did not provide a chromium command; install it by hand, then rerun" >&2; exit 1; }
 
-# The suite on both backends (B3) at once: SQLite, and PostgreSQL (a server the tests start)
-# beside it. The PostgreSQL run mostly waits (on its server, its daemons, fsync), so the two
-# share two cores well; its output follows the SQLite run's. Fails if either fails.
+# The suite on both backends (B3) at once: SQLite, and PostgreSQL (a server per worker, that
+# the tests start) beside it, each spread over TEST_WORKERS processes (pytest-xdist): most of a
+# test's time is spent waiting (on daemons it starts, servers, fsync, timeouts), so more
+# workers than cores keep the cores busy. The PostgreSQL run's output follows the SQLite run's.
+# Fails if either fails.
+TEST_WORKERS ?= 3
 test: $(STAMP) postgres browser
 	@mkdir -p $(DATA); \
-	BC_TEST_BACKEND=postgresql $(BIN)/python -m pytest -q -p no:cacheprovider >$(DATA)/test-postgresql.log 2>&1 & postgres=$$!; \
-	echo "== SQLite"; $(BIN)/python -m pytest -q; sqlite=$$?; \
+	BC_TEST_BACKEND=postgresql $(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) >$(DATA)/test-postgresql.log 2>&1 & postgres=$$!; \
+	echo "== SQLite"; $(BIN)/python -m pytest -q -n $(TEST_WORKERS); sqlite=$$?; \
 	wait $$postgres; pg=$$?; echo "== PostgreSQL"; cat $(DATA)/test-postgresql.log; \
 	exit $$(( sqlite != 0 || pg != 0 ))
 

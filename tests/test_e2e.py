@@ -85,11 +85,15 @@ async def test_sigkill_mid_load_leaves_the_database_consistent(daemon: Daemon) -
                     headers={"Authorization": f"Bearer {root}"},
                 ) as response:
                     await response.read()
+                    if response.status == 200:
+                        answered.set()
             except aiohttp.ClientError:
                 pass  # the daemon died under this request
 
+        answered = asyncio.Event()
         load = [asyncio.create_task(offer(i)) for i in range(400)]
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(answered.wait(), 30)  # mid-load: some offers have landed
+        await asyncio.sleep(0.1)
         assert daemon.process is not None
         daemon.process.kill()
         daemon.process.wait()

@@ -515,7 +515,11 @@ async def test_b5_a_report_takes_no_lock_another_replica_holds(
     """B5, F10: writes scale across replicas: a report that writes only its own node's rows
     and emits no event completes while another session holds the event order's lock
     (WRITER_LOCK) and another replica is inside a report transaction of its own."""
-    config = Config(db_path=postgres_url, root_token_file=tmp_path / "root.token")
+    # No reconciler pass meanwhile: one would wait for the open report's shared SERIAL_LOCK,
+    # and PostgreSQL queues the next shared request behind that exclusive one.
+    config = Config(
+        db_path=postgres_url, root_token_file=tmp_path / "root.token", reconcile_interval=3600
+    )
     api = Api(await aiohttp_client(make_app(config)), config.root_token_file.read_text().strip())
     _, token = await pool_with_token(api, gpuModel="H100")
     nodes = [await joined(api, token, twin("dgx-h100-01", n)) for n in (1, 2)]

@@ -159,7 +159,9 @@ def connect(
     PostgreSQL URL (its password from PGPASSWORD or ~/.pgpass, never the command line); on
     PostgreSQL borrowed from ``pool`` (one of its own when none is given)."""
     if is_postgres(location):
-        return PostgresDatabase(pool or postgres_pool(location, durability, 1, timeout), timeout)
+        if pool is not None:
+            return PostgresDatabase(pool, timeout)
+        return PostgresDatabase(postgres_pool(location, durability, 1, timeout), timeout, True)
     conn = sqlite3.connect(location, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {SYNCHRONOUS[durability]}")

@@ -223,9 +223,10 @@ class PostgresDatabase(Database):
 
     dialect = POSTGRESQL
 
-    def __init__(self, pool: Any, timeout: float) -> None:  # a psycopg_pool.ConnectionPool
-        self.pool = pool
+    def __init__(self, pool: Any, timeout: float, owns_pool: bool = False) -> None:
+        self.pool = pool  # a psycopg_pool.ConnectionPool
         self.timeout = timeout
+        self.owns_pool = owns_pool  # a pool of its own, closed with it
         self.conn: Any = None  # the borrowed psycopg.Connection
 
     def borrowed(self) -> Any:
@@ -306,3 +307,5 @@ class PostgresDatabase(Database):
 
     def close(self) -> None:
         self._give_back()
+        if self.owns_pool:  # else its pool's worker threads would outlive it
+            self.pool.close()
