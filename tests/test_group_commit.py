@@ -6,7 +6,7 @@ again one by one."""
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -54,7 +54,9 @@ def mark(node: str) -> Callable[[Database], str]:
     return fn
 
 
-async def behind_a_held_writer(store: Store, writes: list[Callable[[], object]]) -> list[object]:
+async def behind_a_held_writer(
+    store: Store, writes: list[Callable[[], Awaitable[object]]]
+) -> list[object]:
     """``writes`` started while the writer thread is held by a mutation that runs alone, so
     they wait one behind the other; then the writer is let go. Their outcomes (or errors)."""
     held, release = threading.Event(), threading.Event()
@@ -65,7 +67,7 @@ async def behind_a_held_writer(store: Store, writes: list[Callable[[], object]])
 
     holding = asyncio.create_task(store.write(hold))
     await asyncio.to_thread(held.wait, 10)
-    started = [asyncio.ensure_future(write()) for write in writes]  # type: ignore[call-overload]
+    started = [asyncio.ensure_future(write()) for write in writes]
     await asyncio.sleep(0.05)  # every one is queued
     release.set()
     await holding
