@@ -8,14 +8,6 @@ waits, holding no work). A mutation is shed as well while the oldest one waiting
 replica's writer has waited longer than ``--max-write-wait``: the count alone lets hundreds
 queue on a writer that several replicas share, each past its client's patience.
 
-Retry-After: a shed request is told to wait ``SHED_RETRY_AFTER_S``, grown by how many requests
-the last second shed for each one it admitted: come back sooner and most would be shed again,
-costing the replica what it needs to serve the admitted ones (a 10,000-host storm on one
-replica was shed 11 times for each report it took). It is at most a third of
-``--node-lost-after`` (the report interval the grace assumes), so a shed agent's wait, twice
-that at most with its jitter, is over well within the grace the lost-node check gives after
-the replica was last behind.
-
 Behind: a replica is behind while it sheds, answers 503 for any other reason (its database
 away, F1), lags (its reconcile loop woke late, a pass took longer than its interval, a flush
 of its liveness stamps failed), and at its start. Each replica records the last time it was
@@ -24,13 +16,10 @@ check marks nothing lost until a whole grace period has passed with no replica b
 silence a node's reports met at a shedding follower is the control plane's, not the node's.
 """
 
-import math
 import time
 
 DEFAULT_MAX_INFLIGHT = 256  # requests handled at once per replica before it sheds
-SHED_RETRY_AFTER_S = 2  # the least Retry-After of a shed request: agents add their jitter to it
-RATE_WINDOW_S = 1.0  # sheds per admitted request are counted over windows this long
-DEFAULT_LOST_AFTER_S = 90.0  # --node-lost-after's default: Retry-After is at most a third
+SHED_RETRY_AFTER_S = 2  # Retry-After of a shed request: agents add their jitter to it
 # A mutation is shed while the oldest one waiting for the writer has waited longer than this:
 # well under the 10 s an agent waits for an answer, so a storm meets 503s, not timeouts.
 MAX_WRITE_WAIT_S = 2.0
@@ -40,37 +29,13 @@ class Overload:
     """One replica's admission count and the last time it was behind (epoch seconds)."""
 
     def __init__(
-        self,
-        max_inflight: int = DEFAULT_MAX_INFLIGHT,
-        max_write_wait: float = MAX_WRITE_WAIT_S,
-        lost_after: float = DEFAULT_LOST_AFTER_S,
+        self, max_inflight: int = DEFAULT_MAX_INFLIGHT, max_write_wait: float = MAX_WRITE_WAIT_S
     ) -> None:
         self.max_inflight = max_inflight
         self.max_write_wait = max_write_wait
-        self.most_retry_after = max(SHED_RETRY_AFTER_S, math.floor(lost_after / 3))
         self.inflight = 0
         self.shed = 0  # requests shed since the start
         self.behind_at = time.time()  # a start: every node gets a whole grace period after it
-        # This window's sheds and admissions, and the sheds per admission of the last one.
-        self._window_at = time.monotonic()
-        self._shed_in_window = self._admitted_in_window = 0
-        self._shed_per_admitted = 0.0
-
-    def _count(self, shed: bool) -> None:
-        at = time.monotonic()
-        if at - self._window_at >= RATE_WINDOW_S:
-            self._shed_per_admitted = self._shed_in_window / max(1, self._admitted_in_window)
-            self._window_at, self._shed_in_window, self._admitted_in_window = at, 0, 0
-        if shed:
-            self._shed_in_window += 1
-        else:
-            self._admitted_in_window += 1
-
-    def retry_after(self) -> int:
-        """Seconds a shed request is told to wait: the least, times one plus the sheds per
-        admission of the last window, at most ``most_retry_after``."""
-        grown = math.ceil(SHED_RETRY_AFTER_S * (1 + self._shed_per_admitted))
-        return min(self.most_retry_after, grown)
 
     def admit(self, write_wait: float | None = None) -> bool:
         """Whether one more request is handled now (then ``leave`` once it is done); when
@@ -80,11 +45,9 @@ class Overload:
         waits_too_long = write_wait is not None and write_wait > self.max_write_wait
         if self.inflight >= self.max_inflight or waits_too_long:
             self.shed += 1
-            self._count(shed=True)
             self.behind()
             return False
         self.inflight += 1
-        self._count(shed=False)
         return True
 
     def leave(self) -> None:

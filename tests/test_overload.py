@@ -15,7 +15,7 @@ from controlplane.app import make_app
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.metrics import Metrics
-from controlplane.overload import RATE_WINDOW_S, SHED_RETRY_AFTER_S, Overload
+from controlplane.overload import SHED_RETRY_AFTER_S, Overload
 from controlplane.reconciler import run_reconciler
 from controlplane.storage.db import Store, epoch, is_postgres
 from controlplane.storage.leader import Leadership
@@ -76,9 +76,7 @@ async def test_f10_a_storm_is_shed_with_retry_after_never_a_timeout(
         ]
         assert len(made) + len(shed) + 3 == len(outcomes), Counter(o[:1] for o in outcomes)
         assert made and shed
-        assert {o[2] for o in shed} == {"UNAVAILABLE"}
-        # Told at least the least wait, at most a third of the default lost grace (90 s).
-        assert {SHED_RETRY_AFTER_S <= int(o[1]) <= 30 for o in shed} == {True}
+        assert {o[1:] for o in shed} == {(str(SHED_RETRY_AFTER_S), "UNAVAILABLE")}
         location = db if is_postgres(db) else tmp_path / "data" / "bc.db"
         assert execute(location, "SELECT count(*) FROM pools") == [(len(made),)]
     finally:
@@ -242,37 +240,3 @@ async def test_f10_mutations_are_shed_while_the_writer_is_behind_reads_are_not(
     await api.ok("compute/sites/create", {**site, "name": "ams1"})
     names = [s["name"] for s in (await api.ok("compute/sites/list", {"tenantId": "root"}))["items"]]
     assert sorted(names) == ["ams1", "fra1"]
-
-
-def test_f10_retry_after_grows_with_the_sheds_per_admission_within_a_third_of_the_grace(
-    monkeypatch: Any,
-) -> None:
-    """F10: a shed request is told SHED_RETRY_AFTER_S while little is shed; after a window
-    that shed ten requests for each one it admitted, eleven times as long, though never more
-    than a third of --node-lost-after; once the shedding stops, the least again."""
-    clock = [1000.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    overload = Overload(max_inflight=1, lost_after=90)
-    assert overload.retry_after() == SHED_RETRY_AFTER_S
-    assert overload.admit()  # holds the one slot
-    for _ in range(10):
-        assert not overload.admit()
-    assert overload.retry_after() == SHED_RETRY_AFTER_S  # the window is not over yet
-    clock[0] += RATE_WINDOW_S
-    assert not overload.admit()  # the next window: the last one shed 10 per admission
-    assert overload.retry_after() == 22
-    tight = Overload(max_inflight=1, lost_after=30)
-    assert tight.admit()
-    for _ in range(10):
-        assert not tight.admit()
-    clock[0] += RATE_WINDOW_S
-    assert not tight.admit()
-    assert tight.retry_after() == 10  # a third of its 30 s grace
-    overload.leave()
-    clock[0] += RATE_WINDOW_S
-    assert overload.admit()  # a window with one shed and no admission ended...
-    assert overload.retry_after() == 4
-    overload.leave()
-    clock[0] += RATE_WINDOW_S
-    assert overload.admit()  # ...then one that admitted and shed nothing
-    assert overload.retry_after() == SHED_RETRY_AFTER_S
