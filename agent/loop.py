@@ -25,7 +25,7 @@ agent applies nothing until a spec it trusts comes; ``run(once=True)`` raises
 that reported.
 
 Small heartbeats (F9): a report carries the whole inventory at the first report after a start
-(and after each join), whenever the inventory differs from the one last sent in an accepted
+(after a join, the join carried it and its answer's digest is sent), whenever the inventory differs from the one last sent in an accepted
 report, and at once again in the same cycle when the answer says ``inventoryWanted``;
 otherwise it carries ``inventoryDigest``, the digest the last answer gave (the agent computes
 none). An answer without a digest (an older control plane) keeps the inventory coming whole.

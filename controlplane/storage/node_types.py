@@ -84,25 +84,14 @@ class NodeHead(Struct, frozen=True):
     deliveries_json: str | None  # D5-D7: the agent's last report of its bookings
 
 
+_COLUMN_OF = {field: column for column, field in _FIELD_OF.items()}
 # The columns of ``nodes`` a NodeHead holds, in its fields' order.
-HEAD_COLUMNS = (
-    "id",
-    "pool_id",
-    "state",
-    "inventory_hash",
-    "spec_version",
-    "applied",
-    "deliveries",
-)
-
-
-assert tuple(_FIELD_OF[column] for column in HEAD_COLUMNS) == NodeHead.__struct_fields__
+HEAD_COLUMNS = tuple(_COLUMN_OF[field] for field in NodeHead.__struct_fields__)
 
 
 def node_head(row: Sequence[Any]) -> NodeHead:
-    """A row of a statement that selects ``HEAD_COLUMNS`` (in that order, which is its
-    fields'): positional, as the head is read on every heartbeat (a dict of it took twice as
-    long)."""
+    """A row of a statement that selects ``HEAD_COLUMNS`` (in that order, its fields'):
+    positional, as the head is read on every heartbeat (a dict of it took twice as long)."""
     return NodeHead(*row)
 
 
