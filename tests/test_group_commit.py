@@ -6,13 +6,14 @@ again one by one."""
 import asyncio
 import sqlite3
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from controlplane.storage import events
-from controlplane.storage.db import Store
+from controlplane.storage.db import GROUP_MAX, GROUP_SECONDS, Store
 from controlplane.storage.sql import Database, SqliteDatabase
 from tests.conftest import execute
 
@@ -74,6 +75,25 @@ async def behind_a_held_writer(
     return list(await asyncio.gather(*started, return_exceptions=True))
 
 
+async def between_good_writes(
+    store: Store, db: Path, middle: Callable[[Database], object]
+) -> object:
+    """``middle`` as a node's own write queued between two others, behind a held writer, so
+    the three share a group: the two others are committed whatever ``middle`` does; its
+    outcome (or error)."""
+    outcomes = await behind_a_held_writer(
+        store,
+        [
+            lambda: store.write(mark("a"), own_rows="a"),
+            lambda: store.write(middle, own_rows="middle"),
+            lambda: store.write(mark("b"), own_rows="b"),
+        ],
+    )
+    assert outcomes[0] == "a" and outcomes[2] == "b"
+    assert execute(db, "SELECT node FROM marks ORDER BY id") == [("a",), ("b",)]
+    return outcomes[1]
+
+
 async def test_reports_waiting_together_share_one_commit_and_keep_a_gapless_order(
     store: Store, tmp_path: Path
 ) -> None:
@@ -104,18 +124,8 @@ async def test_a_failing_write_in_a_group_takes_back_only_its_own_rows(
         mark("bad")(db)
         raise ValueError("refused")
 
-    outcomes = await behind_a_held_writer(
-        store,
-        [
-            lambda: store.write(mark("a"), own_rows="a"),
-            lambda: store.write(fails, own_rows="bad"),
-            lambda: store.write(mark("b"), own_rows="b"),
-        ],
-    )
-    assert outcomes[0] == "a" and outcomes[2] == "b"
-    assert isinstance(outcomes[1], ValueError)
     db = tmp_path / "db.sqlite"
-    assert execute(db, "SELECT node FROM marks ORDER BY id") == [("a",), ("b",)]
+    assert isinstance(await between_good_writes(store, db, fails), ValueError)
     seqs = [s for (s,) in execute(db, "SELECT seq FROM events ORDER BY seq")]
     assert seqs == list(range(1, len(seqs) + 1))
     assert "bad" not in str(execute(db, "SELECT data FROM events"))
@@ -150,17 +160,40 @@ async def test_a_group_that_cannot_commit_runs_again_one_by_one(
     def orphan(db: Database) -> None:
         db.execute("INSERT INTO owned (id, owner) VALUES (1, 42)")  # no owner 42: at COMMIT
 
+    db = tmp_path / "db.sqlite"
+    assert isinstance(await between_good_writes(store, db, orphan), sqlite3.IntegrityError)
+    assert execute(db, "SELECT count(*) FROM owned") == [(0,)]
+    assert await store.write(mark("after"), own_rows="after") == "after"  # the writer goes on
+
+
+async def test_a_group_closes_at_group_max_or_after_group_seconds_of_work(store: Store) -> None:
+    """A group takes no more than GROUP_MAX mutations, and none once it has run for
+    GROUP_SECONDS: the rest wait for the next group (each waits for its group's commit)."""
+    seen = statements_of(store)
+    many = [f"n{i}" for i in range(GROUP_MAX + 6)]
+    assert (
+        await behind_a_held_writer(
+            store, [lambda n=n: store.write(mark(n), own_rows=n) for n in many]
+        )
+        == many
+    )
+    assert seen.count("COMMIT") == 3  # the holder's, GROUP_MAX of them, the last 6
+    seen.clear()
+
+    def slow(db: Database) -> str:
+        time.sleep(GROUP_SECONDS * 2)
+        return mark("slow")(db)
+
     outcomes = await behind_a_held_writer(
         store,
         [
-            lambda: store.write(mark("a"), own_rows="a"),
-            lambda: store.write(orphan, own_rows="orphan"),
+            lambda: store.write(slow, own_rows="slow"),
             lambda: store.write(mark("b"), own_rows="b"),
+            lambda: store.write(mark("c"), own_rows="c"),
         ],
     )
-    assert outcomes[0] == "a" and outcomes[2] == "b"
-    assert isinstance(outcomes[1], sqlite3.IntegrityError)
-    db = tmp_path / "db.sqlite"
-    assert execute(db, "SELECT node FROM marks ORDER BY id") == [("a",), ("b",)]
-    assert execute(db, "SELECT count(*) FROM owned") == [(0,)]
-    assert await store.write(mark("after"), own_rows="after") == "after"  # the writer goes on
+    assert outcomes == ["slow", "b", "c"]
+    ends = [i for i, sql in enumerate(seen) if sql == "COMMIT"]
+    assert len(ends) == 3  # the holder's, the slow one's, then b and c together
+    assert seen[ends[0] : ends[1]].count("SAVEPOINT mutation") == 1  # slow, alone in its group
+    assert seen[ends[1] : ends[2]].count("SAVEPOINT mutation") == 2  # b and c

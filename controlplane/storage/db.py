@@ -428,47 +428,43 @@ class Store:
             return 0.0
         return time.monotonic() - oldest.since
 
-    def _take_group(self) -> list[_Mutation]:
-        """On the writer thread: the mutation at the head of the queue, and on SQLite, when
-        it writes one node's own rows, the like ones right behind it (a group commit)."""
-        group: list[_Mutation] = []
-        started = time.monotonic()
-        while len(group) < GROUP_MAX:
+    def _take(self, follower: bool) -> _Mutation | None:
+        """On the writer thread: the next waiting mutation whose caller is still there (its
+        outcome now running), or None. A ``follower`` (for a group under way) only when it
+        writes one node's own rows: any other is left at the head, for its own turn."""
+        while True:
             try:
                 mutation = self._waiting.popleft()
             except IndexError:
-                break
-            if group and (
-                self.postgres
-                or mutation.own_rows is None
-                or time.monotonic() - started > GROUP_SECONDS
-            ):
-                self._waiting.appendleft(mutation)  # the next group's head
-                break
+                return None
+            if follower and mutation.own_rows is None:
+                self._waiting.appendleft(mutation)
+                return None
             if mutation.outcome.set_running_or_notify_cancel():  # else its caller left
-                group.append(mutation)
-            if group and group[0].own_rows is None:
-                break
-        return group
+                return mutation
 
     def _run_waiting(self) -> None:
-        """On the writer thread: the next group of waiting mutations, each committed before
-        its caller hears of it. One alone is its own transaction. A group shares one; each of
-        its mutations runs in a savepoint, so one that fails takes only its own writes back.
-        A group that cannot commit (or whose transaction a failure ended) is run again one
-        by one, each alone, as if there were no groups."""
-        group = self._take_group()
-        if len(group) > 1:
-            try:
-                ended = self._transact_group(group)
-            except BaseException:
-                pass  # nothing of it was committed: each runs alone below
-            else:
-                for mutation, end in zip(group, ended, strict=True):
-                    mutation.settle(end)
-                return
-        for mutation in group:
-            mutation.settle(self._alone(mutation))
+        """On the writer thread: the next waiting mutation, committed before its caller hears
+        of it; alone in its transaction, or (SQLite) when it writes one node's own rows and
+        the next waiting mutation does too, in a group commit with those that follow. A group
+        that cannot commit (or whose transaction a failure ended) is run again one by one,
+        each alone, as if there were no groups."""
+        head = self._take(follower=False)
+        if head is None:
+            return  # an earlier group took this call's mutation
+        waiting = self._waiting
+        if self.postgres or head.own_rows is None or not waiting or waiting[0].own_rows is None:
+            head.settle(self._alone(head))
+            return
+        group = [head]  # grows as the group runs
+        try:
+            ended = self._transact_group(group)
+        except BaseException:
+            for mutation in group:
+                mutation.settle(self._alone(mutation))
+            return
+        for mutation, end in zip(group, ended, strict=True):
+            mutation.settle(end)
 
     def _alone(self, mutation: _Mutation) -> Outcome | BaseException:
         try:
@@ -476,29 +472,41 @@ class Store:
         except BaseException as exc:  # as the executor's work items do: the caller re-raises
             return exc
 
+    @staticmethod
+    def _in_savepoint(db: Database, mutation: _Mutation) -> Outcome | Exception:
+        """One mutation of a group: its outcome, or the exception it raised with its writes
+        taken back; a failure that ended the whole transaction is raised."""
+        db.appended, db.audience = 0, frozenset()
+        db.execute("SAVEPOINT mutation")
+        try:
+            if mutation.gate is not None:
+                mutation.gate(db)
+            result = mutation.fn(db)
+        except Exception as exc:
+            if not db.in_transaction:  # SQLite ended the whole transaction
+                raise
+            db.execute("ROLLBACK TO mutation")
+            db.execute("RELEASE mutation")
+            return exc
+        db.execute("RELEASE mutation")
+        return result, db.appended, db.audience
+
     def _transact_group(self, group: list[_Mutation]) -> list[Outcome | BaseException]:
-        """SQLite: ``group`` in one transaction, each mutation in a savepoint; how each ended
-        (its outcome, or the exception it raised), once the transaction is committed."""
+        """SQLite: ``group`` in one transaction, each mutation in a savepoint, taking the own-row
+        mutations that wait behind it into ``group`` while it holds fewer than GROUP_MAX and
+        has run for at most GROUP_SECONDS; how each ended (its outcome, or the exception it
+        raised), once the transaction is committed."""
         db = self._writer_db
         db.execute("BEGIN IMMEDIATE")
+        started = time.monotonic()
         ended: list[Outcome | BaseException] = []
         try:
-            for mutation in group:
-                db.appended, db.audience = 0, frozenset()
-                db.execute("SAVEPOINT mutation")
-                try:
-                    if mutation.gate is not None:
-                        mutation.gate(db)
-                    result = mutation.fn(db)
-                except Exception as exc:
-                    if not db.in_transaction:  # SQLite ended the whole transaction
-                        raise
-                    db.execute("ROLLBACK TO mutation")
-                    db.execute("RELEASE mutation")
-                    ended.append(exc)
-                    continue
-                db.execute("RELEASE mutation")
-                ended.append((result, db.appended, db.audience))
+            while len(ended) < len(group):
+                ended.append(self._in_savepoint(db, group[len(ended)]))
+                if len(group) < GROUP_MAX and time.monotonic() - started <= GROUP_SECONDS:
+                    follower = self._take(follower=True)
+                    if follower is not None:
+                        group.append(follower)
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:
