@@ -104,6 +104,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/crash.py --postgres --rounds 3
 	$(BIN)/python bench/backends.py
 	$(BIN)/python bench/writes.py
+	$(BIN)/python bench/writes.py --sqlite
 	$(BIN)/python bench/plan.py
 	$(BIN)/python bench/fleet_sim.py --nodes 2000 --seconds 60
 

@@ -1,6 +1,9 @@
 """Writes across replicas (F10, B5): joins/s and reports/s with 1, 2 and 3 replicas on PostgreSQL.
 
-Run: ``.venv/bin/python bench/writes.py [--hosts 600] [--concurrency 48] [--replicas 1,2,3]``
+Run: ``.venv/bin/python bench/writes.py [--hosts 600] [--concurrency 48] [--replicas 1,2,3]``,
+or ``--sqlite``: one daemon on its SQLite file, whose node reports and first joins share group
+commits when they wait for the writer together (``--baseline`` a checkout from before them
+measures what the groups bring).
 
 For each replica count, in one run: a throwaway PostgreSQL server from the machine's binaries
 (tests/postgres.py), a fresh database, that many real daemons (``better-compute-controlplane
@@ -94,9 +97,10 @@ async def post(session: aiohttp.ClientSession, url: str, token: str | None, body
 
 @contextmanager
 def replicas(
-    tmp: Path, url: str, count: int, code: Path | None
+    tmp: Path, url: str | None, count: int, code: Path | None
 ) -> Iterator[list[tuple[str, Any, Path]]]:
-    """``count`` daemons on the database at ``url``: (base URL, process, workdir) each."""
+    """``count`` daemons on the database at ``url`` (None: the one daemon's SQLite file in its
+    workdir): (base URL, process, workdir) each."""
     with ExitStack() as stack:
         running = []
         for n in range(count):
@@ -104,7 +108,8 @@ def replicas(
             workdir = tmp / f"replica{n}"
             workdir.mkdir()
             argv = daemon_argv(workdir, port, "--log-level", "warning")
-            argv[argv.index("--db") + 1] = url
+            if url is not None:
+                argv[argv.index("--db") + 1] = url
             if code is not None:  # the other checkout's package, through the same entry point
                 entry = f"import sys; sys.path.insert(0, {str(code)!r}); "
                 argv[:1] = [
@@ -181,10 +186,15 @@ async def measure(
 
 
 def one_run(
-    server: PostgresServer, count: int, code: Path | None, args: argparse.Namespace, hosts: Any
+    server: PostgresServer | None,
+    count: int,
+    code: Path | None,
+    args: argparse.Namespace,
+    hosts: Any,
 ) -> tuple[float, float]:
-    """Joins/s and reports/s of ``count`` replicas running ``code`` on a fresh database."""
-    url = server.new_database()
+    """Joins/s and reports/s of ``count`` replicas running ``code`` on a fresh database (a
+    fresh SQLite file without ``server``)."""
+    url = None if server is None else server.new_database()
     try:
         with (
             tempfile.TemporaryDirectory() as tmp,
@@ -202,7 +212,8 @@ def one_run(
 
             return asyncio.run(run())
     finally:
-        server.drop_database(url)
+        if server is not None and url is not None:
+            server.drop_database(url)
 
 
 def main() -> int:
@@ -216,14 +227,18 @@ def main() -> int:
     parser.add_argument(
         "--baseline", type=Path, help="another checkout, measured beside this one in each round"
     )
+    parser.add_argument("--sqlite", action="store_true", help="one daemon on a SQLite file")
     args = parser.parse_args()
-    counts = [int(c) for c in args.replicas.split(",")]
+    counts = [1] if args.sqlite else [int(c) for c in args.replicas.split(",")]
     inventories = hosts(args.hosts)
     codes: dict[str, Path | None] = {"this": None}
     if args.baseline is not None:
         codes["baseline"] = args.baseline
-    server = PostgresServer(settings=DURABLE) if args.durable else PostgresServer()
-    server.start()
+    server: PostgresServer | None = None
+    if not args.sqlite:
+        server = PostgresServer(settings=DURABLE) if args.durable else PostgresServer()
+    if server is not None:
+        server.start()
     figures: dict[tuple[str, int], list[tuple[float, float]]] = {}
     try:
         for number in range(args.rounds):
@@ -235,10 +250,12 @@ def main() -> int:
                     found = one_run(server, count, codes[name], args, inventories)
                     figures.setdefault((name, count), []).append(found)
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
+    backend = "SQLite" if args.sqlite else f"PostgreSQL{' (durable)' if args.durable else ''}"
     print(
         f"writes: {args.hosts} joins, then {args.reports} reports per host, concurrency "
-        f"{args.concurrency}, PostgreSQL{' (durable)' if args.durable else ''}, {args.rounds} "
+        f"{args.concurrency}, {backend}, {args.rounds} "
         f"round(s); baseline: {args.baseline or 'none'}; medians"
     )
     print(f"{'code':<9} {'replicas':>8} {'joins/s':>9} {'x one':>6} {'reports/s':>10} {'x one':>6}")
