@@ -6,8 +6,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
+
 from controlplane.api.keys import RUNTIME
-from controlplane.storage.db import Store
+from controlplane.storage import nodes as node_sql
+from controlplane.storage.db import Store, now
+from controlplane.storage.nodes import mark_lost, update_node
 from tests.conftest import Api
 from tests.nodes import joined, pool_with_token, recorded
 from tests.statements import writer_statements
@@ -80,3 +84,60 @@ async def test_f9_a_heartbeat_reads_no_large_column_and_an_ended_credential_is_r
         status, answer = await digest_report(api, again, again["inventoryDigest"])
     assert (status, answer["error"]["code"]) == (401, "UNAUTHENTICATED")
     assert writes == []
+
+
+async def test_f9_a_kept_head_answers_heartbeats_until_a_write_of_its_columns_drops_it(
+    api: Api,
+) -> None:
+    """F9: on SQLite a heartbeat's head is kept, so the next one reads no database at all;
+    any write of the head's columns drops it, in that very transaction: a node marked lost
+    is brought back by its next heartbeat, and a spec version moved is the one answered."""
+    _, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    digest = node["inventoryDigest"]
+    store = api.client.app[RUNTIME].db
+    status, answer = await digest_report(api, node, digest)
+    assert status == 200, answer
+    with reader_statements(store) as reads, writer_statements(store) as writes:
+        status, answer = await digest_report(api, node, digest)
+    assert status == 200 and answer["inventoryWanted"] is False, answer
+    assert writes == []
+    assert store.postgres or reads == [], reads  # PostgreSQL reads its heads every time
+
+    store.transact(lambda db: mark_lost(db, [node["nodeId"]], now()))
+    with writer_statements(store) as writes:
+        status, answer = await digest_report(api, node, digest)
+    assert status == 200, answer
+    assert writes, "a lost node's heartbeat is written: it is back"
+    view = await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
+    assert view["state"] != "lost"
+
+    moved = "9" * 16
+    store.transact(lambda db: update_node(db, node["nodeId"], {"spec_version": moved}))
+    status, answer = await digest_report(api, node, digest)
+    assert (status, answer["specVersion"]) == (200, moved)
+
+
+async def test_f9_a_head_read_while_a_write_of_it_commits_is_not_kept(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F9: a head read on the loop while the writer commits a change to it may be the row from
+    before that commit: it answers that heartbeat but is not kept, so the next one reads
+    the committed row (here the commit lands between the read and its keeping)."""
+    store = api.client.app[RUNTIME].db
+    _, token = await pool_with_token(api)
+    node = await joined(api, token, recorded("dgx-h100-01"))
+    moved = "8" * 16
+    read = node_sql.head_for_token
+
+    def read_then_commit(db: Any, hashed: bytes) -> Any:
+        found = read(db, hashed)
+        store.transact(lambda w: update_node(w, node["nodeId"], {"spec_version": moved}))
+        return found
+
+    monkeypatch.setattr(node_sql, "head_for_token", read_then_commit)
+    status, before = await digest_report(api, node, node["inventoryDigest"])
+    assert status == 200 and before["specVersion"] != moved, before
+    monkeypatch.setattr(node_sql, "head_for_token", read)
+    status, after = await digest_report(api, node, node["inventoryDigest"])
+    assert (status, after["specVersion"]) == (200, moved)

@@ -56,7 +56,9 @@ def identify(
         return principal
     if method.auth == "node":
         assert token is not None
-        node = authenticate_head(db, token) if head else authenticate_node(db, token)
+        node = (
+            authenticate_head(db, token, runtime.db.heads) if head else authenticate_node(db, token)
+        )
         if node is None:
             raise Unauthenticated("unknown node credential")
         request[CALLER] = {"node": node.id}

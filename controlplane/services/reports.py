@@ -17,6 +17,7 @@ from controlplane.storage import nodes as node_sql
 from controlplane.storage import pools as pool_sql
 from controlplane.storage import reservations as res_sql
 from controlplane.storage.db import Store, now
+from controlplane.storage.heads import NodeHeads
 from controlplane.storage.node_types import NodeHead, NodeRow, ReconcileRow
 from controlplane.storage.sql import Database
 from shared.gpu import with_families
@@ -34,10 +35,11 @@ def authenticate_node(db: Database, token: str) -> NodeRow | None:
     return node_sql.node_for_token(db, token_hash(token))
 
 
-def authenticate_head(db: Database, token: str) -> NodeHead | None:
+def authenticate_head(db: Database, token: str, heads: NodeHeads | None) -> NodeHead | None:
     """The head of a node credential's node: what a report decides on before any
-    transaction (F9), its large columns unread."""
-    return node_sql.head_for_token(db, token_hash(token))
+    transaction (F9), its large columns unread; from ``heads`` when they keep it."""
+    hashed = token_hash(token)
+    return node_sql.head_for_token(db, hashed) if heads is None else heads.head(db, hashed)
 
 
 def failed_units(applied: Mapping[str, Any] | None, spec_units: Sequence[str]) -> set[str]:

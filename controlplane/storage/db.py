@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from controlplane.config import DB_TIMEOUT_S, Durability
+from controlplane.storage.heads import NodeHeads
 from controlplane.storage.migrations import EVERY_SCOPE, Scope, migrate
 from controlplane.storage.paging import make_cursor_key
 from controlplane.storage.sql import Contended, Database, PostgresDatabase, SqliteDatabase
@@ -299,6 +300,11 @@ class Store:
         self._writer_db = self._connect()
         migrate(self._writer_db)
         make_cursor_key(self._writer_db)
+        # F9: on SQLite, node heads kept in memory, dropped by the writer's own triggers.
+        self.heads: NodeHeads | None = None
+        if isinstance(self._writer_db, SqliteDatabase):
+            self.heads = NodeHeads()
+            self.heads.watch(self._writer_db.conn)
         self.reader = self._connect()
         if not self.postgres:
             _private_files(self.path)  # the -wal and -shm files SQLite made beside it
@@ -417,6 +423,9 @@ class Store:
             if db.in_transaction:  # a failed COMMIT (a deferred constraint) leaves it open
                 db.execute("ROLLBACK")
             raise
+        finally:
+            if self.heads is not None:
+                self.heads.ended()
         return result, db.appended, db.audience
 
     def write_wait(self) -> float:
@@ -512,6 +521,9 @@ class Store:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        finally:
+            if self.heads is not None:
+                self.heads.ended()
         return ended
 
     async def write(self, fn: Callable[[Database], T], own_rows: str | None = None) -> T:
