@@ -1,9 +1,10 @@
 """structlog set-up: JSON off a terminal, readable on one; request ids come from contextvars.
 
-Every line is written whole, with one ``write`` and a flush, the moment it is
-logged (structlog's own ``BytesLogger`` for JSON, ``WriteLogger`` for the
+Every line is written whole, with one ``write``, the moment it is logged
+(structlog's ``BytesLogger`` for JSON over ``LogLines``, ``WriteLogger`` for the
 console format): a line written just before a crash, a SIGKILL or a watchdog
-kill is in the log (M5). There is no buffer in this process to lose.
+kill is in the log (M5). The one exception is the request line, below, and it
+is never lost either: its request is answered only once it is written.
 
 The standard library's loggers (aiohttp's, asyncio's) go to the same stream in
 the same format, one line each with the request id when there is one, at
@@ -11,26 +12,33 @@ WARNING and above.
 
 ``log_request`` writes the one line per HTTP request. In JSON it skips
 structlog's processor chain and writes the same fields (the request id, the
-request's fields, event, level, timestamp) with one ``write`` on the file
-descriptor: through structlog that line was ~11% of a ``pools/get``'s CPU. Only
-``configure_logging`` configures structlog here; a ``structlog.configure`` from
-elsewhere would not be seen by this path.
+request's fields, event, level, timestamp): through structlog that line was
+~11% of a ``pools/get``'s CPU. On the event loop the lines of the requests that
+end in one pass of the loop go out together, in one ``write`` at the start of
+the next pass, and each of those requests waits for it (``lines_written``)
+before its answer is sent: a write per request was a fifth of a heartbeat's
+CPU. Any other line written meanwhile goes after the waiting ones, in the same
+``write``. Only ``configure_logging`` configures structlog here; a
+``structlog.configure`` from elsewhere would not be seen by this path.
 """
 
+import asyncio
+import atexit
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO, cast
 
 import msgspec
 import structlog
 
 _ENCODER = msgspec.json.Encoder(enc_hook=str)
 _stdlib_handler: logging.Handler | None = None  # the one configure_logging put on the root logger
-# Where log_request writes a JSON line (None: through structlog, or not at all when disabled).
-_request_line: Callable[[bytes], None] | None = None
+# Where JSON lines go (None: the console format, or structlog's defaults).
+_lines: "LogLines | None" = None
 _requests_logged = True  # False below INFO
 _processors: list[Any] = []  # structlog's chain as configured here
 _renderer: Any = None  # its last processor
@@ -57,11 +65,14 @@ def configure_logging(
     renderer: structlog.typing.Processor
     factory: structlog.typing.WrappedLogger
     binary = getattr(stream, "buffer", None)
+    lines: LogLines | None = None
     if json and binary is not None:
         # Bytes straight from msgspec to the stream's buffer: no str round trip.
         stream.flush()  # anything already written through the text layer goes first
         renderer = structlog.processors.JSONRenderer(serializer=_dumps)
-        factory = structlog.BytesLoggerFactory(file=binary)
+        lines = LogLines(_line_writer(binary))
+        # LogLines has the write and flush BytesLogger calls.
+        factory = structlog.BytesLoggerFactory(file=cast(BinaryIO, lines))
     else:
         renderer = (
             structlog.processors.JSONRenderer(serializer=_dumps_text)
@@ -74,7 +85,8 @@ def configure_logging(
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
-    handler = logging.StreamHandler(stream)  # one write of the whole line, then a flush
+    # One write of the whole line; in JSON after the request lines waiting to be written.
+    handler = logging.StreamHandler(stream if lines is None else _TextLines(lines))
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=[*shared, structlog.stdlib.add_logger_name],
@@ -93,9 +105,11 @@ def configure_logging(
     root.addHandler(handler)
     root.setLevel(max(level, logging.WARNING))
     _stdlib_handler = handler
-    global _request_line, _requests_logged, _processors, _renderer
+    global _lines, _requests_logged, _processors, _renderer
+    if _lines is not None:
+        _lines.flush()
     _requests_logged = level <= logging.INFO
-    _request_line = _line_writer(binary) if json and binary is not None else None
+    _lines = lines
     _processors = [*shared, structlog.processors.format_exc_info, renderer]
     _renderer = renderer
     structlog.configure(
@@ -110,10 +124,12 @@ def reset_logging() -> None:
     """Undo ``configure_logging``: structlog's defaults, the root logger's handler gone, the
     request line through structlog again (a process, or a test run, that configured logging
     for one command and goes on without it)."""
-    global _stdlib_handler, _request_line, _requests_logged, _processors, _renderer
+    global _stdlib_handler, _lines, _requests_logged, _processors, _renderer
     if _stdlib_handler is not None:
         logging.getLogger().removeHandler(_stdlib_handler)
-    _stdlib_handler, _request_line, _requests_logged = None, None, True
+    if _lines is not None:
+        _lines.flush()
+    _stdlib_handler, _lines, _requests_logged = None, None, True
     _processors, _renderer = [], None
     structlog.reset_defaults()
 
@@ -141,6 +157,54 @@ def _line_writer(binary: Any) -> Callable[[bytes], None]:
     return write
 
 
+class LogLines:
+    """JSON lines to one stream: written at once, or (``add_soon``, on an event loop) at the
+    start of the loop's next pass, with every line added in this one, in one ``write``."""
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self._write = write
+        self._waiting: list[bytes] = []
+        self._lock = threading.Lock()  # a line from another thread goes whole, in order
+
+    def add_soon(self, line: bytes, loop: asyncio.AbstractEventLoop) -> None:
+        """``line`` in the write at the start of ``loop``'s next pass: anything the loop runs
+        after this call returns runs after that write."""
+        with self._lock:
+            self._waiting.append(line)
+            if len(self._waiting) == 1:
+                loop.call_soon(self.flush)
+
+    def write(self, line: bytes) -> None:
+        """``line`` now, after the lines waiting (structlog's ``BytesLogger`` calls it)."""
+        with self._lock:
+            waiting, self._waiting = self._waiting, []
+            self._write(b"".join(waiting) + line if waiting else line)
+
+    def flush(self) -> None:
+        """The lines waiting, now."""
+        self.write(b"")
+
+
+class _TextLines:
+    """``LogLines`` as the text stream the standard library's handler writes to."""
+
+    def __init__(self, lines: LogLines) -> None:
+        self._lines = lines
+
+    def write(self, text: str) -> None:
+        self._lines.write(text.encode())
+
+    def flush(self) -> None:
+        pass  # every write is already written
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    """Lines still waiting for the loop's next pass are written at any exit (M5)."""
+    if _lines is not None:
+        _lines.flush()
+
+
 def _timestamp() -> str:
     """Now as structlog's ``TimeStamper(fmt="iso", utc=True)`` writes it, the date and time of
     day formatted once a second."""
@@ -164,14 +228,16 @@ def _structlog_runs_ours() -> bool:
 
 def log_request(
     request_id: str, method: str, path: str, status: int, ms: float, caller: dict[str, str]
-) -> None:
-    """The request's log line (M5), written whole the moment it is logged; ``caller`` names
-    who called (tenant and credential, or node)."""
+) -> bool:
+    """The request's log line (M5); ``caller`` names who called (tenant and credential, or
+    node). True when it is to be written at the start of the event loop's next pass: the
+    request then awaits ``lines_written`` before it is answered."""
     if not _requests_logged:
-        return
-    if _request_line is None or not _structlog_runs_ours():
+        return False
+    lines = _lines
+    if lines is None or not _structlog_runs_ours():
         _http_log.info("request", method=method, path=path, status=status, ms=ms, **caller)
-        return
+        return False
     line = {
         "request_id": request_id,
         "method": method,
@@ -183,4 +249,13 @@ def log_request(
         "level": "info",
         "timestamp": _timestamp(),
     }
-    _request_line(_ENCODER.encode(line) + b"\n")
+    encoded = _ENCODER.encode(line) + b"\n"
+    loop = asyncio.get_running_loop()  # a request is handled on the loop
+    lines.add_soon(encoded, loop)
+    return True
+
+
+async def lines_written() -> None:
+    """Returns once the lines logged before the call are written: the write was scheduled
+    (``add_soon``) before this coroutine's own wake-up, and the loop runs in order."""
+    await asyncio.sleep(0)

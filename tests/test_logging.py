@@ -1,5 +1,6 @@
 """M5: request ids from X-Request-Id on every log line and answer; no log line lost at exit."""
 
+import asyncio
 import http.client
 import json
 import socket
@@ -13,6 +14,7 @@ from aiohttp.test_utils import TestClient
 from controlplane.api.keys import METRICS
 from controlplane.api.middleware import request_middleware
 from controlplane.metrics import Metrics
+from shared.log import LogLines
 from tests.conftest import Api
 from tests.daemons import Daemon
 
@@ -46,6 +48,58 @@ def test_m5_the_last_request_before_a_sigkill_is_in_the_log(tmp_path: Path) -> N
     lines = log_lines(daemon.log)
     ids = [line.get("request_id") for line in lines if line["event"] == "request"]
     assert ids == [f"before-kill-{n}" for n in range(20)]
+
+
+def test_m5_requests_answered_together_are_each_in_the_log_before_their_answer(
+    tmp_path: Path,
+) -> None:
+    """M5: requests that end in one pass of the daemon's loop have their lines written
+    together, and no answer goes out before its line is in the log: 32 requests sent at
+    once on 32 connections, each answer read, then the log read at once."""
+    daemon = Daemon(tmp_path)
+    daemon.start()
+    try:
+        body = b'{"tenantId":"root"}'
+        sockets = [
+            socket.create_connection(("127.0.0.1", daemon.port), timeout=10) for _ in range(32)
+        ]
+        for n, sock in enumerate(sockets):
+            head = (
+                f"POST /api/compute/pools/list HTTP/1.1\r\nHost: x\r\n"
+                f"Content-Type: application/json\r\nAuthorization: Bearer {daemon.token}\r\n"
+                f"X-Request-Id: together-{n}\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+        for n, sock in enumerate(sockets):
+            answer = sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:80]
+            logged = {line.get("request_id") for line in log_lines(daemon.log)}
+            assert f"together-{n}" in logged, f"together-{n} answered before its line was written"
+            sock.close()
+    finally:
+        daemon.kill()
+
+
+def test_m5_lines_waiting_for_the_loop_go_first_and_whole(tmp_path: Path) -> None:
+    """M5: request lines added in one pass of the loop are written in one write at the start
+    of the next; a line written meanwhile from elsewhere goes after them, in that write."""
+    writes: list[bytes] = []
+    lines = LogLines(writes.append)
+
+    async def one_pass() -> None:
+        loop = asyncio.get_running_loop()
+        lines.add_soon(b"a\n", loop)
+        lines.add_soon(b"b\n", loop)
+        assert writes == []  # not yet: at the start of the next pass
+        await asyncio.sleep(0)
+        assert writes == [b"a\nb\n"]
+        lines.add_soon(b"c\n", loop)
+        lines.write(b"from a thread\n")
+        assert writes[-1] == b"c\nfrom a thread\n"
+        await asyncio.sleep(0)  # the pass's own flush finds nothing waiting
+        assert b"".join(writes) == b"a\nb\nc\nfrom a thread\n"
+
+    asyncio.run(one_pass())
 
 
 async def test_m5_an_incoming_request_id_is_kept_and_echoed(api: Api) -> None:

@@ -13,7 +13,7 @@ from controlplane.api.keys import BODY, CALLER, METRICS, RUNTIME, SCREENED
 from controlplane.api.screen import incoming_request_id, screen
 from controlplane.overload import SHED_RETRY_AFTER_S, Overload
 from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, Unavailable, error_body
-from shared.log import log_request
+from shared.log import lines_written, log_request
 
 log = structlog.get_logger("controlplane.http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -80,14 +80,15 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
         response.headers["X-Request-Id"] = request_id
         route = request.path if request.match_info.route.resource else "unmatched"
         app[METRICS].observe(route, response.status, elapsed)
-        log_request(
+        if log_request(
             request_id,
             request.method,
             request.path,
             response.status,
             round(elapsed * 1000, 3),
             request.get(CALLER, {}),
-        )
+        ):
+            await lines_written()  # M5: answered once its line is written
         if hang_up:
             await answer_and_hang_up(request, response)
         return response
