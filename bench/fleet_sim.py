@@ -581,6 +581,7 @@ class Fleet:
                     agent.heartbeat = encode(
                         {"nodeId": agent.node_id, "inventoryDigest": agent.digest}
                     )
+                    agent.wanted = False  # the join holds it: the first report is small too
                 agent.headers = {
                     "Content-Type": "application/json",
                     "Authorization": f"Bearer {joined.token}",
