@@ -1076,7 +1076,8 @@ async def simulate(options: Options, workdir: Path) -> dict[str, Any]:
                 f"2. first-report storm: {len(firsts)} of {options.nodes} nodes answered 200 "
                 + (f"in {drain_s:.2f} s" if drained else f"before the {storm_s:.0f} s deadline")
                 + f" ({drain_s / options.interval:.2f} intervals; median node "
-                f"{statistics.median(firsts) if firsts else math.nan:.2f} s)"
+                f"{statistics.median(firsts) if firsts else math.nan:.2f} s; whole inventories "
+                f"sent {fleet.whole['storm']})"
             )
             say(tally_line("nodes/report", storm))
             say(
@@ -1202,6 +1203,7 @@ async def simulate(options: Options, workdir: Path) -> dict[str, Any]:
                 "drainSeconds": round(drain_s, 3) if drained else None,
                 "drainIntervals": round(drain_s / options.interval, 3) if drained else None,
                 "reported": len(firsts),
+                "wholeInventories": fleet.whole["storm"],
                 **storm.summary(),
             },
             "steady": {

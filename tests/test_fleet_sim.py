@@ -45,6 +45,8 @@ def test_f7_every_simulated_agent_reports_and_none_is_wrongly_lost(db: Any) -> N
     assert run["joins"]["ok"] == NODES and run["joins"]["perSecond"] > 0
     assert run["storm"]["drained"] and run["storm"]["reported"] == NODES
     assert run["storm"]["drainSeconds"] > 0
+    # F9: each first report carries the digest its join answered, as the agent's does.
+    assert run["storm"]["wholeInventories"] == 0
 
     # The steady state: heartbeats only (the digest the answers gave), at about N / interval.
     steady = run["steady"]
