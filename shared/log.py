@@ -16,8 +16,9 @@ request's fields, event, level, timestamp): through structlog that line was
 ~11% of a ``pools/get``'s CPU. On the event loop the lines of the requests that
 end in one pass of the loop go out together, in one ``write`` at the start of
 the next pass, and each of those requests waits for it (``lines_written``)
-before its answer is sent: a write per request was a fifth of a heartbeat's
-CPU. Any other line written meanwhile goes after the waiting ones, in the same
+before its answer is sent. So the answers of one pass go out together too: a
+digest heartbeat took 78 µs of the daemon's CPU instead of 112 µs with a write
+per request (wrk beside the daemon on 2 cores). Any other line written meanwhile goes after the waiting ones, in the same
 ``write``. Only ``configure_logging`` configures structlog here; a
 ``structlog.configure`` from elsewhere would not be seen by this path.
 """
