@@ -14,10 +14,10 @@ FRAMING = re.compile(r"^(BEGIN|COMMIT|SELECT pg_advisory_xact_lock|SELECT pg_not
 
 @contextmanager
 def writer_statements(store: Store) -> Iterator[list[str]]:
-    """The statements (their text) the store's writer connection executes while the block
+    """The statements (their text) the store's writer connections execute while the block
     runs: transaction control, savepoints and every statement of the mutation, an
-    ``executemany`` counted once. The connection is the real one; only its calls are seen."""
-    db = store._writer_db
+    ``executemany`` counted once. The connections are the real ones (on PostgreSQL the
+    own-row writers' too); only their calls are seen."""
     seen: list[str] = []
 
     def counted(run: Callable[..., Any]) -> Callable[..., Any]:
@@ -27,11 +27,14 @@ def writer_statements(store: Store) -> Iterator[list[str]]:
 
         return call
 
-    db.execute, db.executemany = counted(db.execute), counted(db.executemany)  # type: ignore[method-assign]
+    dbs = store.writer_dbs
+    for db in dbs:
+        db.execute, db.executemany = counted(db.execute), counted(db.executemany)  # type: ignore[method-assign]
     try:
         yield seen
     finally:
-        del db.execute, db.executemany  # the class's own again
+        for db in dbs:
+            del db.execute, db.executemany  # the class's own again
 
 
 def node_reads(statements: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ import msgspec
 import psycopg
 import pytest
 
+from controlplane.api.keys import RUNTIME
 from controlplane.app import make_app
 from controlplane.config import Config
 from controlplane.storage.db import WRITER_LOCK, Store
@@ -562,3 +563,51 @@ async def test_b5_a_report_takes_no_lock_another_replica_holds(
         release.set()
         await held
         other.close()
+
+
+async def test_f10_reports_of_two_nodes_run_beside_each_other_on_one_replica(
+    tmp_path: Path, postgres_url: str, aiohttp_client: Any
+) -> None:
+    """F10: on one replica too, mutations of one node's own rows run beside each other, each
+    on a connection of its own: a report of another node completes (committed) while this
+    replica's own transaction for the first node is still open."""
+    config = Config(
+        db_path=postgres_url, root_token_file=tmp_path / "root.token", reconcile_interval=3600
+    )
+    api = Api(await aiohttp_client(make_app(config)), config.root_token_file.read_text().strip())
+    _, token = await pool_with_token(api, gpuModel="H100")
+    nodes = [await joined(api, token, twin("dgx-h100-01", n)) for n in (1, 2)]
+    store = api.client.app[RUNTIME].db
+    holding, release = asyncio.Event(), threading.Event()
+    loop = asyncio.get_running_loop()
+
+    def open_report(db: Any) -> None:  # this replica's report of the first node, held open
+        db.execute("UPDATE nodes SET updated_at = updated_at WHERE id = ?", [nodes[0]["nodeId"]])
+        loop.call_soon_threadsafe(holding.set)
+        release.wait(30)
+
+    held = asyncio.ensure_future(store.write(open_report, own_rows=nodes[0]["nodeId"]))
+    try:
+        await asyncio.wait_for(holding.wait(), 10)
+        applied = {"version": "v", "units": [], "note": "beside"}
+        response = await asyncio.wait_for(
+            api.client.post(
+                "/api/compute/nodes/report",
+                json={
+                    "nodeId": nodes[1]["nodeId"],
+                    "inventoryDigest": nodes[1]["inventoryDigest"],
+                    "applied": applied,
+                },
+                headers={"Authorization": f"Bearer {nodes[1]['token']}"},
+            ),
+            10,
+        )
+        assert response.status == 200, await response.json()
+        assert not held.done()
+        stored = execute(
+            postgres_url, "SELECT applied FROM nodes WHERE id = ?", [nodes[1]["nodeId"]]
+        )
+        assert msgspec.json.decode(stored[0][0]) == applied
+    finally:
+        release.set()
+        await held

@@ -4,7 +4,9 @@ Every mutation is a plain synchronous function ``fn(db)`` run by the single
 writer inside ``BEGIN IMMEDIATE`` (PostgreSQL: ``BEGIN`` and the serial lock, see
 ``SERIAL_LOCK``) and committed as a whole, events included; nothing awaits inside a
 transaction. On SQLite, node reports and first joins waiting one behind the other share a
-group commit, each in a savepoint (``GROUP_MAX``).
+group commit, each in a savepoint (``GROUP_MAX``). On PostgreSQL those run instead on
+``OWN_ROW_WRITERS`` threads of their own, each transaction on its own connection, beside
+each other (the serial lock shared), while the writer thread runs every other mutation.
 Reads use other connections, which WAL (PostgreSQL's MVCC) lets run beside the
 writer: short ones on the event loop's own, long ones (lists) on a small pool of
 reader threads, each with its own connection (B6), so a long read holds the
@@ -21,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import os
+import queue
 import sqlite3
 import stat
 import threading
@@ -102,6 +105,10 @@ def notice(db: Database) -> str:
 # server, not on the interpreter).
 READER_THREADS = {"sqlite": 4, "postgresql": 8}
 SHORT_READER_THREADS = 4
+# PostgreSQL: mutations of one node's own rows (reports, first joins) run on this many threads,
+# each on a connection of its own, beside each other (SERIAL_LOCK shared): each waits on the
+# server most of its time, so one thread took them one round trip after the other.
+OWN_ROW_WRITERS = 4
 
 
 def is_postgres(location: str | Path) -> bool:
@@ -288,10 +295,15 @@ class Store:
         self.path = Path(location)  # the SQLite file (meaningless for PostgreSQL)
         self.db_timeout = db_timeout
         threads = reader_threads or READER_THREADS["postgresql" if self.postgres else "sqlite"]
-        # F1: one pool for every connection of this store: the writer, the loop's reader,
+        # F1: one pool for every connection of this store: the writers, the loop's reader,
         # each reader thread's, each short reader's.
         self._pool = (
-            postgres_pool(location, durability, threads + SHORT_READER_THREADS + 2, db_timeout)
+            postgres_pool(
+                location,
+                durability,
+                threads + SHORT_READER_THREADS + 2 + OWN_ROW_WRITERS,
+                db_timeout,
+            )
             if self.postgres
             else None
         )
@@ -312,6 +324,18 @@ class Store:
         # Mutations not yet taken by the writer thread, in arrival order: the loop appends
         # (and removes one whose caller left), the writer thread takes from the left.
         self._waiting: collections.deque[_Mutation] = collections.deque()
+        # PostgreSQL: the own-row mutations, waiting for the own-row writers; a free writer
+        # thread takes one of the connections in ``_free_writers``.
+        self._own_waiting: collections.deque[_Mutation] = collections.deque()
+        self._own_writer_dbs = [
+            self._connect() for _ in range(OWN_ROW_WRITERS if self.postgres else 0)
+        ]
+        self._free_writers: queue.SimpleQueue[Database] = queue.SimpleQueue()
+        for db in self._own_writer_dbs:
+            self._free_writers.put(db)
+        self._own_writers = ThreadPoolExecutor(
+            max_workers=max(1, len(self._own_writer_dbs)), thread_name_prefix="own-row-writer"
+        )
         self._readers = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="reader")
         # PostgreSQL's short reads (a get, a cache check, a write's IAM pre-check) on threads of
         # their own: never queued behind long lists.
@@ -363,6 +387,11 @@ class Store:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._short_readers, self._read_in_thread, fn)
 
+    @property
+    def writer_dbs(self) -> list[Database]:
+        """Every connection a mutation runs on: the writer's, then the own-row writers'."""
+        return [self._writer_db, *self._own_writer_dbs]
+
     def transact(self, fn: Callable[[Database], T]) -> T:
         """Run ``fn`` in one transaction on the calling thread: ``BEGIN IMMEDIATE`` on
         SQLite, ``BEGIN`` and the serial lock on PostgreSQL."""
@@ -373,14 +402,16 @@ class Store:
         fn: Callable[[Database], T],
         own_rows: str | None = None,
         gate: Callable[[Database], None] | None = None,
+        db: Database | None = None,
     ) -> tuple[T, int, frozenset[str]]:
         """``fn``'s result, the seq of the last event it appended (0 when none) and the
-        tenants its events are visible to. On PostgreSQL, ``own_rows`` (a node's key) runs it
-        beside other such mutations (``SERIAL_LOCK``); one that raises ``RunAlone``, or that
-        PostgreSQL ended to break a deadlock, runs again alone."""
+        tenants its events are visible to; on the writer's connection, or ``db``. On
+        PostgreSQL, ``own_rows`` (a node's key) runs it beside other such mutations
+        (``SERIAL_LOCK``); one that raises ``RunAlone``, or that PostgreSQL ended to break a
+        deadlock, runs again alone."""
         for attempt in range(1, CONTENDED_TRIES + 1):
             try:
-                return self._transact_once(fn, own_rows, gate)
+                return self._transact_once(fn, own_rows, gate, db or self._writer_db)
             except RunAlone:
                 own_rows = None
             except Contended:
@@ -394,8 +425,8 @@ class Store:
         fn: Callable[[Database], T],
         own_rows: str | None,
         gate: Callable[[Database], None] | None,
+        db: Database,
     ) -> tuple[T, int, frozenset[str]]:
-        db = self._writer_db
         if isinstance(db, SqliteDatabase):
             db.execute("BEGIN IMMEDIATE")  # one writer: always alone
         else:
@@ -431,23 +462,27 @@ class Store:
     def write_wait(self) -> float:
         """Seconds the oldest mutation still waiting for the writer thread has waited (0 when
         none waits): how far behind this replica's writes are (F10)."""
-        try:
-            oldest = self._waiting[0]
-        except IndexError:
-            return 0.0
-        return time.monotonic() - oldest.since
+        oldest = min(
+            (waiting[0].since for waiting in (self._waiting, self._own_waiting) if waiting),
+            default=None,
+        )
+        return 0.0 if oldest is None else time.monotonic() - oldest
 
-    def _take(self, follower: bool) -> _Mutation | None:
-        """On the writer thread: the next waiting mutation whose caller is still there (its
-        outcome now running), or None. A ``follower`` (for a group under way) only when it
-        writes one node's own rows: any other is left at the head, for its own turn."""
+    def _take(
+        self, follower: bool, waiting: "collections.deque[_Mutation] | None" = None
+    ) -> _Mutation | None:
+        """On a writer thread: the next mutation waiting (in ``waiting``, else the writer's)
+        whose caller is still there (its outcome now running), or None. A ``follower`` (for a
+        group under way) only when it writes one node's own rows: any other is left at the
+        head, for its own turn."""
+        waiting = self._waiting if waiting is None else waiting
         while True:
             try:
-                mutation = self._waiting.popleft()
+                mutation = waiting.popleft()
             except IndexError:
                 return None
             if follower and mutation.own_rows is None:
-                self._waiting.appendleft(mutation)
+                waiting.appendleft(mutation)
                 return None
             if mutation.outcome.set_running_or_notify_cancel():  # else its caller left
                 return mutation
@@ -475,11 +510,23 @@ class Store:
         for mutation, end in zip(group, ended, strict=True):
             mutation.settle(end)
 
-    def _alone(self, mutation: _Mutation) -> Outcome | BaseException:
+    def _alone(self, mutation: _Mutation, db: Database | None = None) -> Outcome | BaseException:
         try:
-            return self._transact(mutation.fn, mutation.own_rows, mutation.gate)
+            return self._transact(mutation.fn, mutation.own_rows, mutation.gate, db)
         except BaseException as exc:  # as the executor's work items do: the caller re-raises
             return exc
+
+    def _run_own_rows(self) -> None:
+        """PostgreSQL, on an own-row writer thread: the next waiting mutation of one node's
+        own rows, in its own transaction on a free own-row connection, beside the others."""
+        mutation = self._take(follower=False, waiting=self._own_waiting)
+        if mutation is None:
+            return  # its caller left
+        db = self._free_writers.get()  # one per thread: never empty here
+        try:
+            mutation.settle(self._alone(mutation, db))
+        finally:
+            self._free_writers.put(db)
 
     @staticmethod
     def _in_savepoint(db: Database, mutation: _Mutation) -> Outcome | Exception:
@@ -532,22 +579,30 @@ class Store:
         machine identity), and may run beside other such mutations (``SERIAL_LOCK``), or on
         SQLite share a group commit with them."""
         mutation = _Mutation(fn, own_rows, self._gate)
-        self._waiting.append(mutation)
+        beside = self.postgres and own_rows is not None  # on the own-row writers
+        waiting = self._own_waiting if beside else self._waiting
+        waiting.append(mutation)
         try:
-            self._writer.submit(self._run_waiting)
+            if beside:
+                self._own_writers.submit(self._run_own_rows)
+            else:
+                self._writer.submit(self._run_waiting)
             result, appended, audience = await asyncio.wrap_future(mutation.outcome)
         finally:
             with contextlib.suppress(ValueError):  # cancelled before the writer took it
-                self._waiting.remove(mutation)
+                waiting.remove(mutation)
         if appended and self.on_commit is not None:
             self.on_commit(appended, audience)
         return result  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
+        self._own_writers.shutdown(wait=True)
         self._readers.shutdown(wait=True)
         self._short_readers.shutdown(wait=True)
         self._writer_db.close()
+        for db in self._own_writer_dbs:
+            db.close()
         self.reader.close()
         for db in self._reader_dbs:
             db.close()
