@@ -260,19 +260,19 @@ async def run_server(
     }
     runner = make_runner(app, **timeouts)
     await runner.setup()  # opens the store and runs its migrations (cleanup_ctx)
-    site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
-    await site.start()
-    port = runner.addresses[0][1]  # the bound port, also when --listen asked for port 0
-    url = f"{'https' if tls else 'http'}://{config.host}:{port}"
-    log.info("serving", url=url, db=redacted(config.db_path))
     metrics_runner = None
-    if config.metrics_listen is not None:
+    if config.metrics_listen is not None:  # first: once the API answers, /metrics does too
         metrics_runner = make_runner(make_metrics_app(app), **timeouts)
         await metrics_runner.setup()
         host, metrics_port = config.metrics_listen
         await web.TCPSite(metrics_runner, host, metrics_port).start()
         metrics_port = metrics_runner.addresses[0][1]
         log.info("serving /metrics without a token", url=f"http://{host}:{metrics_port}/metrics")
+    site = web.TCPSite(runner, config.host, config.port, ssl_context=tls)
+    await site.start()
+    port = runner.addresses[0][1]  # the bound port, also when --listen asked for port 0
+    url = f"{'https' if tls else 'http'}://{config.host}:{port}"
+    log.info("serving", url=url, db=redacted(config.db_path))
     if tls is None and not is_loopback(config.host):
         log.warning(
             "serving plain HTTP on an address that is not loopback: tokens cross the network "

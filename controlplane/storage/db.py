@@ -518,15 +518,114 @@ class Store:
 
     def _run_own_rows(self) -> None:
         """PostgreSQL, on an own-row writer thread: the next waiting mutation of one node's
-        own rows, in its own transaction on a free own-row connection, beside the others."""
-        mutation = self._take(follower=False, waiting=self._own_waiting)
-        if mutation is None:
-            return  # its caller left
+        own rows, on a free own-row connection, beside the other writers' transactions; with
+        the own-row mutations waiting behind it, in a group commit as on SQLite, so that the
+        group takes the event order's lock and waits for the WAL's flush once. A group that
+        cannot commit is run again one by one, each alone."""
+        head = self._take(follower=False, waiting=self._own_waiting)
+        if head is None:
+            return  # an earlier group took this call's mutation, or its caller left
         db = self._free_writers.get()  # one per thread: never empty here
         try:
-            mutation.settle(self._alone(mutation, db))
+            if not self._own_waiting:
+                head.settle(self._alone(head, db))
+                return
+            group = [head]  # grows as the group runs
+            try:
+                ended = self._postgres_group(db, group)
+            except BaseException:
+                for mutation in group:
+                    mutation.settle(self._alone(mutation, db))
+                return
+            for mutation, end in zip(group, ended, strict=True):
+                if end is not None:
+                    mutation.settle(end)
+            for mutation, end in zip(group, ended, strict=True):
+                if end is None:  # its node held elsewhere, or more than its node's rows
+                    mutation.settle(self._alone(mutation, db))
         finally:
             self._free_writers.put(db)
+
+    def _postgres_group(
+        self, db: Database, group: list[_Mutation]
+    ) -> list[Outcome | BaseException | None]:
+        """PostgreSQL: ``group`` in one transaction, each mutation in a savepoint of its own
+        and holding its node's lock, taking the own-row mutations that wait behind it while
+        the group holds fewer than GROUP_MAX and has run for at most GROUP_SECONDS; the
+        events of all of them appended at the end, under WRITER_LOCK, in the group's order.
+        How each ended: its outcome, the exception it raised, or None when it is to run on
+        its own after the commit (a follower whose node another transaction holds is not
+        waited for while the group holds other nodes' locks: no deadlock between groups)."""
+        head = group[0]
+        db.execute("BEGIN")
+        started = time.monotonic()
+        ended: list[Outcome | BaseException | None] = []
+        spans: list[tuple[int, int]] = []  # each mutation's events in pending_events
+        try:
+            db.execute(
+                "SELECT pg_advisory_xact_lock(?, hashtext(?)), pg_advisory_xact_lock_shared(?)",
+                [NODE_LOCK, head.own_rows, SERIAL_LOCK],
+            )
+            db.pending_events = []
+            audience: frozenset[str] = frozenset()
+            runs = True  # the mutation at len(ended) holds its node's lock
+            while len(ended) < len(group):
+                mutation = group[len(ended)]
+                before = len(db.pending_events)
+                end = self._in_postgres_savepoint(db, mutation) if runs else None
+                spans.append((before, len(db.pending_events)))
+                ended.append(end)
+                if isinstance(end, tuple):
+                    audience |= end[2]
+                runs = True
+                if len(group) < GROUP_MAX and time.monotonic() - started <= GROUP_SECONDS:
+                    follower = self._take(follower=True, waiting=self._own_waiting)
+                    if follower is not None:
+                        group.append(follower)
+                        (runs,) = db.execute(
+                            "SELECT pg_try_advisory_xact_lock(?, hashtext(?))",
+                            [NODE_LOCK, follower.own_rows],
+                        ).fetchone()
+            seqs: list[int] = []
+            db.appended, db.audience = 0, audience
+            if db.pending_events:
+                assert db.write_events is not None
+                seqs = db.write_events(db)  # takes WRITER_LOCK: the last lock, held to the commit
+                db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, notice(db)])
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return [
+            (end[0], seqs[last - 1] if last > first else 0, end[2])
+            if isinstance(end, tuple)
+            else end
+            for end, (first, last) in zip(ended, spans, strict=True)
+        ]
+
+    @staticmethod
+    def _in_postgres_savepoint(db: Database, mutation: _Mutation) -> Outcome | Exception | None:
+        """One mutation of a PostgreSQL group: its outcome (its seq filled in at the commit),
+        the exception it raised with its writes and events taken back, or None when it raised
+        ``RunAlone`` or was ended by a deadlock; a failure that the savepoint cannot undo is
+        raised."""
+        db.appended, db.audience = 0, frozenset()
+        db.own_rows = mutation.own_rows
+        before = len(db.pending_events)
+        db.execute("SAVEPOINT mutation")
+        try:
+            if mutation.gate is not None:
+                mutation.gate(db)
+            result = mutation.fn(db)
+        except (RunAlone, Exception) as exc:
+            db.execute("ROLLBACK TO mutation")  # raises when the connection is gone
+            db.execute("RELEASE mutation")
+            del db.pending_events[before:]
+            # PostgreSQL ended it to break a deadlock: it runs again on its own, as alone.
+            return None if isinstance(exc, RunAlone | Contended) else exc
+        db.execute("RELEASE mutation")
+        return result, 0, db.audience
 
     @staticmethod
     def _in_savepoint(db: Database, mutation: _Mutation) -> Outcome | Exception:

@@ -36,12 +36,14 @@ def append(
     db.appended = _insert(db, event, tenants)
 
 
-def write_pending(db: Database) -> None:
+def write_pending(db: Database) -> list[int]:
     """PostgreSQL, at the end of a transaction: take the event order's lock (the last lock it
-    takes; the commit releases it) and insert the transaction's events, seq after seq."""
+    takes; the commit releases it) and insert the transaction's events, seq after seq; their
+    seqs, in order."""
     db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
-    for event, tenants in db.pending_events:
-        db.appended = _insert(db, event, tenants)
+    seqs = [_insert(db, event, tenants) for event, tenants in db.pending_events]
+    db.appended = seqs[-1] if seqs else db.appended
+    return seqs
 
 
 def _insert(db: Database, event: tuple[Any, ...], tenants: frozenset[str]) -> int:

@@ -83,7 +83,7 @@ class Database:
     # PostgreSQL: the events of the current transaction, inserted at its end (events.py
     # ``append``), by ``write_events`` once every other statement ran (B5).
     pending_events: list[tuple[Any, ...]]
-    write_events: "Callable[[Database], None] | None" = None
+    write_events: "Callable[[Database], list[int]] | None" = None
     # PostgreSQL: the node key of a mutation running beside others (db.py SERIAL_LOCK), or
     # None when it runs alone (SQLite: always).
     own_rows: str | None = None
