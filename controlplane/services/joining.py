@@ -213,5 +213,6 @@ async def join_node(store: Store, call: Call[NodesJoin]) -> NodeJoined:
             inventory_digest=f"sha256:{digest}",
         )
 
-    # B5: a first join writes its new node's rows only: beside other joins and reports.
-    return await store.write(txn, own_rows=identity_of(inventory))
+    # B5: a first join writes its new node's rows only: beside other joins and reports; and
+    # its token's row, which every join with the token writes.
+    return await store.write(txn, own_rows=identity_of(inventory), shares_rows=True)
