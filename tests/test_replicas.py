@@ -510,6 +510,35 @@ async def test_b5_joins_and_reports_on_three_replicas_keep_one_gapless_order(
     ]
 
 
+async def report_committed_meanwhile(
+    api: Api,
+    postgres_url: str,
+    node: dict[str, Any],
+    held: "asyncio.Future[None]",
+    note: str,
+    seconds: float,
+) -> None:
+    """``node`` reports an ``applied`` of its own within ``seconds``: answered 200 and
+    committed while the transaction ``held`` still waits open."""
+    applied = {"version": "v", "units": [], "note": note}
+    response = await asyncio.wait_for(
+        api.client.post(
+            "/api/compute/nodes/report",
+            json={
+                "nodeId": node["nodeId"],
+                "inventoryDigest": node["inventoryDigest"],
+                "applied": applied,
+            },
+            headers={"Authorization": f"Bearer {node['token']}"},
+        ),
+        seconds,
+    )
+    assert response.status == 200, await response.json()
+    assert not held.done()
+    stored = execute(postgres_url, "SELECT applied FROM nodes WHERE id = ?", [node["nodeId"]])
+    assert msgspec.json.decode(stored[0][0]) == applied
+
+
 async def test_b5_a_report_takes_no_lock_another_replica_holds(
     tmp_path: Path, postgres_url: str, aiohttp_client: Any
 ) -> None:
@@ -538,25 +567,7 @@ async def test_b5_a_report_takes_no_lock_another_replica_holds(
     try:
         await asyncio.wait_for(holding.wait(), 10)
         orders.execute("SELECT pg_advisory_xact_lock(%s)", [WRITER_LOCK])
-        applied = {"version": "v", "units": [], "note": "moved"}
-        response = await asyncio.wait_for(
-            api.client.post(
-                "/api/compute/nodes/report",
-                json={
-                    "nodeId": nodes[1]["nodeId"],
-                    "inventoryDigest": nodes[1]["inventoryDigest"],
-                    "applied": applied,
-                },
-                headers={"Authorization": f"Bearer {nodes[1]['token']}"},
-            ),
-            20,
-        )
-        assert response.status == 200, await response.json()
-        assert not held.done()
-        stored = execute(
-            postgres_url, "SELECT applied FROM nodes WHERE id = ?", [nodes[1]["nodeId"]]
-        )
-        assert msgspec.json.decode(stored[0][0]) == applied
+        await report_committed_meanwhile(api, postgres_url, nodes[1], held, "moved", 20)
     finally:
         orders.rollback()
         orders.close()
@@ -589,25 +600,7 @@ async def test_f10_reports_of_two_nodes_run_beside_each_other_on_one_replica(
     held = asyncio.ensure_future(store.write(open_report, own_rows=nodes[0]["nodeId"]))
     try:
         await asyncio.wait_for(holding.wait(), 10)
-        applied = {"version": "v", "units": [], "note": "beside"}
-        response = await asyncio.wait_for(
-            api.client.post(
-                "/api/compute/nodes/report",
-                json={
-                    "nodeId": nodes[1]["nodeId"],
-                    "inventoryDigest": nodes[1]["inventoryDigest"],
-                    "applied": applied,
-                },
-                headers={"Authorization": f"Bearer {nodes[1]['token']}"},
-            ),
-            10,
-        )
-        assert response.status == 200, await response.json()
-        assert not held.done()
-        stored = execute(
-            postgres_url, "SELECT applied FROM nodes WHERE id = ?", [nodes[1]["nodeId"]]
-        )
-        assert msgspec.json.decode(stored[0][0]) == applied
+        await report_committed_meanwhile(api, postgres_url, nodes[1], held, "beside", 10)
     finally:
         release.set()
         await held
