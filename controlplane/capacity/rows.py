@@ -13,7 +13,7 @@ from msgspec import UNSET
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
-from controlplane.storage.node_types import DeviceRow, NodePool, NodeRow
+from controlplane.storage.node_types import DeviceRow, NewAtom, NodePool, NodeRow
 from controlplane.storage.sql import Database
 from shared.inventory import Inventory
 from shared.policy import Policy
@@ -42,21 +42,23 @@ def write_resources(db: Database, node: NodeRow, pool: NodePool, policy: Policy)
     allocated, nor goes while allocated."""
     desired = desired_rows(facts_of(node), pool.pool_class, policy)
     existing = node_sql.resource_rows(db, node.id)
+    put: list[tuple[str, int, float]] = []
     writes, held = 0, False
     for resource, row in desired.items():
         have = existing.get(resource)
         capacity = settled(row.capacity, have.allocated if have else 0)
         held = held or capacity != row.capacity
         if have is None or have.capacity != capacity or have.ratio != row.ratio:
-            node_sql.put_resource(db, node.id, resource, capacity, row.ratio)
-            writes += 1
+            put.append((resource, capacity, row.ratio))
     for resource in existing.keys() - desired.keys():
         if existing[resource].allocated:
             held = True
         else:
             node_sql.delete_resource(db, node.id, resource)
             writes += 1
-    return Written(writes, held)
+    if put:
+        node_sql.put_resources(db, node.id, put)
+    return Written(writes + len(put), held)
 
 
 def write_atoms(
@@ -76,7 +78,9 @@ def write_atoms(
     sick = {gpu.uuid for gpu in gpus if gpu.health != "healthy"}
     wanted = {a.device_id: a for a in gpu_atoms(gpus, pool.pool_class, pool.sharing, replicas)}
     kept: list[DeviceRow] = []  # the atoms that stay: their flags may move
-    writes, held, flagged, free = 0, False, False, 0
+    gone: list[str] = []  # atoms deleted (before the new ones are written: an id may be both)
+    new: list[NewAtom] = []
+    writes, held, free = 0, False, 0
     for device_id, atom in wanted.items():
         old = have.get(device_id)
         if old is not None and (old.resource, old.profile) == (atom.resource, atom.profile):
@@ -87,35 +91,32 @@ def write_atoms(
                 held = True  # booked as something else: it changes once the booking ends
                 kept.append(old)
                 continue
-            node_sql.delete_device(db, node.id, device_id)
+            gone.append(device_id)
         # A new atom is not booked: it takes its flags as it is written.
-        node_sql.insert_device(
-            db,
-            node.id,
-            device_id,
-            atom.resource,
-            atom.gpu_uuid,
-            atom.profile,
-            atom.gpu_uuid in sick,
-            atom.gpu_uuid in gated,
+        unhealthy, gated_gpu = atom.gpu_uuid in sick, atom.gpu_uuid in gated
+        new.append(
+            NewAtom(device_id, atom.resource, atom.gpu_uuid, atom.profile, unhealthy, gated_gpu)
         )
-        writes += 1
-        free += atom.gpu_uuid not in sick and atom.gpu_uuid not in gated
+        free += not unhealthy and not gated_gpu
     for device_id in have.keys() - wanted.keys():
         old = have[device_id]
         if old.allocated:
             held = True
             kept.append(old)
         else:
-            node_sql.delete_device(db, node.id, device_id)
+            gone.append(device_id)
             writes += 1
+    if gone:
+        node_sql.delete_devices(db, node.id, gone)
+    if new:
+        node_sql.insert_devices(db, node.id, new)
+    flags: list[tuple[str, bool, bool]] = []  # (atom, unhealthy, held) of atoms that stay
     for stays in kept:
         unhealthy, gated_gpu = stays.gpu_uuid in sick, stays.gpu_uuid in gated
         if (stays.unhealthy, stays.held) != (unhealthy, gated_gpu):
-            node_sql.set_device_flags(db, node.id, stays.device_id, unhealthy, gated_gpu)
-            writes += 1
-            flagged = True
+            flags.append((stays.device_id, unhealthy, gated_gpu))
         free += not stays.allocated and not unhealthy and not gated_gpu
-    if flagged:
+    if flags:
+        node_sql.set_device_flags(db, node.id, flags)
         res_sql.flag_unhealthy_bookings(db, node.id)
-    return Written(writes, held, free)
+    return Written(writes + len(new) + len(flags), held, free)

@@ -170,6 +170,7 @@ async def join_node(store: Store, call: Call[NodesJoin]) -> NodeJoined:
                     "identity": identity_of(inventory),
                     "tenant_owned": int(site.kind == "custom"),
                     "inventory_rev": 1,
+                    "rows_pool_version": 0,  # rows not computed yet, and no bookings to refresh
                     "created_at": at,
                 },
             )

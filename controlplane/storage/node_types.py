@@ -10,7 +10,7 @@ that column (R5: the reconciler quarantines it, a node view of it fails alone).
 
 from collections.abc import Mapping, Sequence
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from msgspec import Struct
@@ -262,6 +262,17 @@ class DeviceRow(Struct, frozen=True, kw_only=True):
     reservation_id: str | None
     unhealthy: bool  # H5
     held: bool  # H4
+
+
+class NewAtom(NamedTuple):
+    """An atom to write: new, so not booked; its flags as it is written (H4, H5)."""
+
+    device_id: str
+    resource: str
+    gpu_uuid: str
+    profile: str | None
+    unhealthy: bool
+    held: bool
 
 
 DEVICE_COLUMNS = (

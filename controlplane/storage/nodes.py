@@ -12,6 +12,7 @@ from controlplane.storage.node_types import (
     RESOURCE_COLUMNS,
     DeviceRow,
     JoinTokenRow,
+    NewAtom,
     NodeHead,
     NodePool,
     NodeRow,
@@ -271,12 +272,13 @@ def resource_rows_of(db: Database, node_ids: Sequence[str]) -> list[ResourceRow]
     return [resource_row(row) for row in found]
 
 
-def put_resource(db: Database, node_id: str, resource: str, capacity: int, ratio: float) -> None:
-    db.execute(
+def put_resources(db: Database, node_id: str, rows: Sequence[tuple[str, int, float]]) -> None:
+    """The node's rows ``(resource, capacity, ratio)``, written or rewritten, in one batch."""
+    db.executemany(
         "INSERT INTO node_resources (node_id, resource, capacity, allocated, ratio) "
         "VALUES (?, ?, ?, 0, ?) ON CONFLICT (node_id, resource) DO UPDATE SET "
         "capacity = excluded.capacity, ratio = excluded.ratio",
-        [node_id, resource, capacity, ratio],
+        [(node_id, resource, capacity, ratio) for resource, capacity, ratio in rows],
     )
 
 
@@ -301,32 +303,29 @@ def devices_of(db: Database, node_ids: Sequence[str]) -> list[DeviceRow]:
     return [device_row(row) for row in found]
 
 
-def set_device_flags(
-    db: Database, node_id: str, device_id: str, unhealthy: bool, held: bool
-) -> None:
-    """H5, H4: an atom out of placement for an unhealthy GPU or a drain-gated unit."""
-    db.execute(
+def set_device_flags(db: Database, node_id: str, flags: Sequence[tuple[str, bool, bool]]) -> None:
+    """H5, H4: atoms ``(device_id, unhealthy, held)`` out of placement (or back) for an
+    unhealthy GPU or a drain-gated unit."""
+    db.executemany(
         "UPDATE node_devices SET unhealthy = ?, held = ? WHERE node_id = ? AND device_id = ?",
-        [int(unhealthy), int(held), node_id, device_id],
+        [(int(unhealthy), int(held), node_id, atom) for atom, unhealthy, held in flags],
     )
 
 
-def insert_device(
-    db: Database,
-    node_id: str,
-    device_id: str,
-    resource: str,
-    gpu_uuid: str,
-    profile: str | None,
-    unhealthy: bool,
-    held: bool,
-) -> None:
-    db.execute(
+def insert_devices(db: Database, node_id: str, atoms: Sequence[NewAtom]) -> None:
+    """New atoms of the node, not booked, in one batch."""
+    db.executemany(
         "INSERT INTO node_devices (node_id, device_id, resource, gpu_uuid, profile, unhealthy, "
         "held) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        [node_id, device_id, resource, gpu_uuid, profile, int(unhealthy), int(held)],
+        [
+            (node_id, a.device_id, a.resource, a.gpu_uuid, a.profile, int(a.unhealthy), int(a.held))
+            for a in atoms
+        ],
     )
 
 
-def delete_device(db: Database, node_id: str, device_id: str) -> None:
-    db.execute("DELETE FROM node_devices WHERE node_id = ? AND device_id = ?", [node_id, device_id])
+def delete_devices(db: Database, node_id: str, device_ids: Iterable[str]) -> None:
+    db.executemany(
+        "DELETE FROM node_devices WHERE node_id = ? AND device_id = ?",
+        [(node_id, device_id) for device_id in device_ids],
+    )
