@@ -13,14 +13,14 @@ new gpuModel or acceptance check). Each node is reconciled in its own savepoint
 that move are written in one statement.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
 
 from controlplane.capacity import delivery
-from controlplane.capacity.rows import write_atoms, write_resources
+from controlplane.capacity.rows import UNCHANGED, write_atoms, write_resources
 from controlplane.capacity.spec import respecify
 from controlplane.capacity.states import quarantine_unreconcilable, readmit
 from controlplane.storage import nodes as node_sql
@@ -62,14 +62,16 @@ class Reconciled:
     spec_version: str | None  # the spec version the node is to apply
 
 
-def reconcile_node(db: Database, row: ReconcileRow) -> Reconciled:
-    """Bring one node's spec, state, rows and atoms to what its inventory and pool imply."""
+def reconcile_node(db: Database, row: ReconcileRow, written: Mapping[str, Any]) -> Reconciled:
+    """Bring one node's spec, state, rows and atoms to what its inventory and pool imply;
+    ``written``: the caller's own columns of the node (``row.node`` has them already), written
+    in the same statement as the reconcile's."""
     node, pool = row.node, row.pool
     if node.rows_pool_version == STALE:  # its bookings moved, or an upgrade left them unwritten
         node = node.updated(delivery.refresh_bookings(db, node.id, node))
     policy = parse_policy(pool.policy)
     inventory = node.inventory
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = dict(written)
     atoms = node_sql.devices(db, node.id)
     booked = frozenset(atom.gpu_uuid for atom in atoms.values() if atom.allocated)
     version, held, gated = node.spec_version, False, frozenset[str]()
@@ -78,24 +80,32 @@ def reconcile_node(db: Database, row: ReconcileRow) -> Reconciled:
         version, held, gated = spec.version, spec.held_layout, spec.gated_gpus
         fields.update(spec.fields)
         fields.update(readmit(db, node, pool, inventory, spec.refusal, spec.version))
-    resources = write_resources(db, node, pool, policy)
+    rows_of = (node.inventory_rev, pool.version)
+    current = (node.rows_inventory_rev, node.rows_pool_version) == rows_of
+    # N5: rows derive from the inventory and the policy alone, and were written (none held)
+    # at this revision and version: nothing of them can have moved.
+    resources = UNCHANGED if current else write_resources(db, node, pool, policy)
     devices = write_atoms(db, node, pool, policy, inventory, atoms, gated)
     if devices.free != node.free_atoms:  # the bin-packing order (capacity/placer.py)
         fields.update(free_atoms=devices.free)
-    rows_of = (node.inventory_rev, pool.version)
     held = held or resources.held or devices.held
-    if not held and (node.rows_inventory_rev, node.rows_pool_version) != rows_of:
+    if not held and not current:
         fields.update(rows_inventory_rev=node.inventory_rev, rows_pool_version=pool.version)
     if fields:
         node_sql.update_node(db, node.id, fields)
     return Reconciled(resources.writes + devices.writes, version)
 
 
-def reconcile_isolated(db: Database, row: ReconcileRow) -> Reconciled | Failed:
+def reconcile_isolated(
+    db: Database, row: ReconcileRow, written: Mapping[str, Any] | None = None
+) -> Reconciled | Failed:
     """One node's reconcile in a savepoint (R5); a node that cannot be reconciled is
-    quarantined with the reason instead, and the caller's other writes stay."""
+    quarantined with the reason instead, and the caller's other writes stay, ``written`` (its
+    own columns of the node, written with the reconcile's) among them."""
     node = row.node
-    done = isolated(db, "node", node.id, reconcile_node, db, row)
+    done = isolated(db, "node", node.id, reconcile_node, db, row, written or {})
     if isinstance(done, Failed):
+        if written:
+            node_sql.update_node(db, node.id, dict(written))
         isolated(db, "node", node.id, quarantine_unreconcilable, db, node, row.pool, done.error)
     return done

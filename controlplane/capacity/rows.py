@@ -26,6 +26,9 @@ class Written:
     free: int = 0  # atoms: how many are placeable and not booked once written
 
 
+UNCHANGED = Written(0, False)  # rows whose inputs did not move: not read, nothing written
+
+
 def facts_of(node: NodeRow) -> HostFacts:
     """The inventory facts the node's row stores (N4)."""
     return HostFacts(

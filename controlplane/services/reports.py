@@ -132,18 +132,20 @@ async def report_node(store: Store, call: Call[NodesReport]) -> Reported:
             fields.update(state=back, state_reason=reason)
             state_event(db, current, pool.owner_tenant_id, back, reason)
             res_sql.clear_node_lost(db, current.id)  # its bookings carry on
-        node_sql.update_node(db, current.id, fields)
         liveness.seen(current.id)
-        if req.bookings is not UNSET and take_report(
-            db, current, pool.owner_tenant_id, req.bookings
-        ):  # D5-D7: its bookings moved (the spec version with them)
-            stored = node_sql.get_node(db, current.id)
-            assert stored is not None
-            current = stored
-            fields = {}
+        written = fields  # the report's columns, written with the reconcile's in one statement
+        if req.bookings is not UNSET:
+            node_sql.update_node(db, current.id, fields)  # what take_report reads
+            written = {}
+            if take_report(db, current, pool.owner_tenant_id, req.bookings):
+                # D5-D7: its bookings moved (the spec version with them)
+                stored = node_sql.get_node(db, current.id)
+                assert stored is not None
+                current = stored
+                fields = {}
         # One place decides a node's state: the same render and admission as every pass.
         reported = current.updated(fields, inventory if moved else None)
-        done = reconcile_isolated(db, ReconcileRow(node=reported, pool=pool))
+        done = reconcile_isolated(db, ReconcileRow(node=reported, pool=pool), written)
         version = reported.spec_version if isinstance(done, Failed) else done.spec_version
         return answer(reported, version, sent), failed
 

@@ -94,11 +94,12 @@ EVENTS_CHANNEL = "bc_events"  # PostgreSQL NOTIFY channel: the seq of the last e
 NOTICE_MAX = 7_000  # a NOTIFY payload is at most 8000 bytes: beyond this, "for everyone"
 
 
-def notice(db: Database) -> str:
-    """The NOTIFY payload of a commit: ``seq:tenant,tenant`` (who may see its events), or
-    ``seq`` alone (everyone's: too many tenants to name) when that would be too long."""
-    named = f"{db.appended}:{','.join(sorted(db.audience))}"
-    return named if len(named) <= NOTICE_MAX else str(db.appended)
+def notice(audience: frozenset[str]) -> str:
+    """What follows a commit's last seq in its NOTIFY payload, ``seq:tenant,tenant`` (who may
+    see its events), or nothing, ``seq`` alone (everyone's: too many tenants to name), when
+    that would be too long."""
+    named = f":{','.join(sorted(audience))}"
+    return named if len(named) <= NOTICE_MAX else ""
 
 
 # Reads at once on threads: lists on SQLite; on PostgreSQL every read (each waits on the
@@ -452,7 +453,6 @@ class Store:
             if not isinstance(db, SqliteDatabase) and db.pending_events:
                 assert db.write_events is not None
                 db.write_events(db)  # takes WRITER_LOCK: the last lock, held to the commit
-                db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, notice(db)])
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:  # a failed COMMIT (a deferred constraint) leaves it open
@@ -595,7 +595,6 @@ class Store:
             if db.pending_events:
                 assert db.write_events is not None
                 seqs = db.write_events(db)  # takes WRITER_LOCK: the last lock, held to the commit
-                db.execute("SELECT pg_notify(?, ?)", [EVENTS_CHANNEL, notice(db)])
             db.execute("COMMIT")
         except BaseException:
             if db.in_transaction:

@@ -5,7 +5,7 @@ from typing import Any
 
 import msgspec
 
-from controlplane.storage.db import WRITER_LOCK, now
+from controlplane.storage.db import EVENTS_CHANNEL, WRITER_LOCK, notice, now
 from controlplane.storage.ledger_types import EventRow
 from controlplane.storage.sql import Database
 from shared.ids import new_id
@@ -36,13 +36,46 @@ def append(
     db.appended = _insert(db, event, tenants)
 
 
+# PostgreSQL: a transaction's events, their audience rows and its NOTIFY in one statement (one
+# round trip however many events a group commit holds). Each event's seq is the last one's
+# plus its place in the list, read after WRITER_LOCK is taken (a statement of its own, so this
+# one's snapshot already sees every seq committed before it).
+_APPEND_PENDING = (
+    "WITH top AS (SELECT coalesce(max(seq), 0) AS seq FROM events), "
+    "appended AS (INSERT INTO events (seq, id, type, at, pool_id, data) "
+    "SELECT top.seq + e.n, e.id, e.type, e.at, e.pool_id, e.data FROM top, "
+    "unnest(?::text[], ?::text[], ?::text[], ?::text[], ?::text[]) WITH ORDINALITY "
+    "AS e(id, type, at, pool_id, data, n) RETURNING seq), "
+    "seen AS (INSERT INTO event_audience (tenant_id, seq) "
+    "SELECT a.tenant_id, top.seq + a.n FROM top, unnest(?::text[], ?::int[]) AS a(tenant_id, n) "
+    "ON CONFLICT DO NOTHING) "
+    "SELECT top.seq, pg_notify(?, (top.seq + ?)::text || ?), (SELECT count(*) FROM appended) "
+    "FROM top"
+)
+
+
 def write_pending(db: Database) -> list[int]:
     """PostgreSQL, at the end of a transaction: take the event order's lock (the last lock it
-    takes; the commit releases it) and insert the transaction's events, seq after seq; their
-    seqs, in order."""
+    takes; the commit releases it), insert the transaction's events, seq after seq, and tell
+    the replicas' long-polls (``notice``); their seqs, in order."""
     db.execute("SELECT pg_advisory_xact_lock(?)", [WRITER_LOCK])
-    seqs = [_insert(db, event, tenants) for event, tenants in db.pending_events]
-    db.appended = seqs[-1] if seqs else db.appended
+    events = db.pending_events
+    columns = [list(column) for column in zip(*(event for event, _ in events), strict=True)]
+    seen = [(tenant, n) for n, (_, tenants) in enumerate(events, 1) for tenant in tenants]
+    (top, _, count) = db.execute(
+        _APPEND_PENDING,
+        [
+            *columns,
+            [tenant for tenant, _ in seen],
+            [n for _, n in seen],
+            EVENTS_CHANNEL,
+            len(events),
+            notice(db.audience),
+        ],
+    ).fetchone()
+    assert count == len(events), (count, len(events))
+    seqs = list(range(int(top) + 1, int(top) + len(events) + 1))
+    db.appended = seqs[-1]
     return seqs
 
 
