@@ -47,13 +47,20 @@ async def test_b5_own_row_writes_waiting_together_share_commits_and_keep_a_gaple
     store: Store, postgres_url: str
 ) -> None:
     """Forty own-row writes at once on one replica commit in far fewer transactions than
-    forty; every row and event is there, the seqs gapless."""
+    forty, each transaction's events (and their audience rows, and its NOTIFY) appended in one
+    statement; every row and event is there, the seqs gapless."""
     nodes = [f"node{i}" for i in range(40)]
     with writer_statements(store) as seen:
         outcomes = await behind_the_event_order(postgres_url, store, [(n, mark(n)) for n in nodes])
     assert outcomes == nodes
     commits = seen.count("COMMIT")
     assert 1 <= commits <= 10, commits  # a few groups, not one per write
+    appends = [sql for sql in seen if "INSERT INTO events" in sql]
+    assert len(appends) == commits, appends
+    assert not [sql for sql in seen if "event_audience" in sql and sql not in appends], seen
+    assert not [sql for sql in seen if sql.startswith("SELECT pg_notify")], seen
+    audience = execute(postgres_url, "SELECT tenant_id, seq FROM event_audience ORDER BY seq")
+    assert audience == [("root", seq) for seq in range(1, 41)]
     assert sorted(n for (n,) in execute(postgres_url, "SELECT node FROM marks")) == sorted(nodes)
     rows = execute(postgres_url, "SELECT seq, data FROM events ORDER BY seq")
     assert [seq for seq, _ in rows] == list(range(1, 41))

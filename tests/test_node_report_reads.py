@@ -4,14 +4,14 @@ import msgspec
 
 from controlplane.api.keys import RUNTIME
 from tests.conftest import Api
-from tests.nodes import DGX_POLICY, joined, pool_with_token, recorded, report
+from tests.nodes import DGX_POLICY, apply_spec, joined, pool_with_token, recorded, report
 from tests.statements import mutation, node_reads, writer_statements
 
 # The statements of a changed report's transaction, without the store's BEGIN and COMMIT:
-# the node's row (the credential's check), its pool, the GPU's event and its audience, the
-# node's new inventory; then in its reconcile's savepoint the atoms and rows, the atom's
-# flag, the bookings' flags and the rows' revision.
-CHANGED_REPORT_STATEMENTS = 12
+# the node's row (the credential's check), its pool, the GPU's event and its audience; then in
+# its reconcile's savepoint the atoms and rows, the atom's flag, the bookings' flags, and the
+# node's new inventory with the rows' revision in one statement.
+CHANGED_REPORT_STATEMENTS = 11
 
 
 async def test_f8_a_changed_report_reads_its_node_once(api: Api) -> None:
@@ -61,3 +61,33 @@ async def test_f10_a_first_join_writes_its_rows_and_atoms_in_one_batch_each(api:
     assert len(done) <= FIRST_JOIN_STATEMENTS, done
     view = await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
     assert sorted(d["resource"] for d in view["devices"]) == ["gpu"] * 8, view["devices"]
+
+
+# A first report's statements without the store's framing: the node's row (the credential's
+# check), its pool; in its reconcile's savepoint the atoms, then the report's and the
+# reconcile's columns of the node in one statement; the node's event and its audience.
+FIRST_REPORT_STATEMENTS = 8
+
+
+async def test_f10_a_first_report_writes_its_node_once_and_reads_no_rows_that_cannot_move(
+    api: Api,
+) -> None:
+    """F10, N5: the report that follows a join (its units applied, its inventory the join's)
+    writes the node's row in one statement, the report's columns and its reconcile's
+    together, and does not read the node_resources rows its join wrote from the same
+    inventory and policy; the node is ready."""
+    _, token = await pool_with_token(api, policy=DGX_POLICY)
+    inventory = recorded("dgx-h100-01")
+    node = await joined(api, token, inventory, applied=False)
+    ask = {"tenantId": "root", "nodeId": node["nodeId"]}
+    joined_view = await api.ok("compute/nodes/get", ask)
+    with writer_statements(api.client.app[RUNTIME].db) as statements:
+        await apply_spec(api, node, inventory)
+    done = mutation(statements)
+    assert len([sql for sql in done if sql.startswith("UPDATE nodes")]) == 1, done
+    assert not [sql for sql in done if "FROM node_resources" in sql], done
+    assert len(done) <= FIRST_REPORT_STATEMENTS, done
+    view = await api.ok("compute/nodes/get", ask)
+    assert (joined_view["state"], view["state"]) == ("configuring", "ready"), view
+    assert view["resources"] == joined_view["resources"], view["resources"]
+    assert {r["resource"]: r["capacity"] for r in view["resources"]}["vcpu"] > 0, view
