@@ -26,7 +26,7 @@ from controlplane.capacity.states import quarantine_unreconcilable, readmit
 from controlplane.storage import nodes as node_sql
 from controlplane.storage.db import savepoint
 from controlplane.storage.node_types import ReconcileRow
-from controlplane.storage.nodes import STALE
+from controlplane.storage.nodes import STALE, UNWRITTEN
 from controlplane.storage.sql import Database
 from shared.policy import parse_policy
 
@@ -72,7 +72,8 @@ def reconcile_node(db: Database, row: ReconcileRow, written: Mapping[str, Any]) 
     policy = parse_policy(pool.policy)
     inventory = node.inventory
     fields: dict[str, Any] = dict(written)
-    atoms = node_sql.devices(db, node.id)
+    new = node.rows_pool_version == UNWRITTEN  # a node that joined: nothing of its rows to read
+    atoms = {} if new else node_sql.devices(db, node.id)
     booked = frozenset(atom.gpu_uuid for atom in atoms.values() if atom.allocated)
     version, held, gated = node.spec_version, False, frozenset[str]()
     if inventory is not None:
@@ -84,7 +85,11 @@ def reconcile_node(db: Database, row: ReconcileRow, written: Mapping[str, Any]) 
     current = (node.rows_inventory_rev, node.rows_pool_version) == rows_of
     # N5: rows derive from the inventory and the policy alone, and were written (none held)
     # at this revision and version: nothing of them can have moved.
-    resources = UNCHANGED if current else write_resources(db, node, pool, policy)
+    if current:
+        resources = UNCHANGED
+    else:
+        have = {} if new else node_sql.resource_rows(db, node.id)
+        resources = write_resources(db, node, pool, policy, have)
     devices = write_atoms(db, node, pool, policy, inventory, atoms, gated)
     if devices.free != node.free_atoms:  # the bin-packing order (capacity/placer.py)
         fields.update(free_atoms=devices.free)

@@ -13,7 +13,7 @@ from msgspec import UNSET
 from controlplane.capacity.resources import HostFacts, desired_rows, gpu_atoms, settled
 from controlplane.storage import nodes as node_sql
 from controlplane.storage import reservations as res_sql
-from controlplane.storage.node_types import DeviceRow, NewAtom, NodePool, NodeRow
+from controlplane.storage.node_types import DeviceRow, NewAtom, NodePool, NodeRow, ResourceRow
 from controlplane.storage.sql import Database
 from shared.inventory import Inventory
 from shared.policy import Policy
@@ -40,11 +40,16 @@ def facts_of(node: NodeRow) -> HostFacts:
     )
 
 
-def write_resources(db: Database, node: NodeRow, pool: NodePool, policy: Policy) -> Written:
-    """N3–N5: the node's node_resources rows; an allocated row never shrinks below what is
-    allocated, nor goes while allocated."""
+def write_resources(
+    db: Database,
+    node: NodeRow,
+    pool: NodePool,
+    policy: Policy,
+    existing: dict[str, ResourceRow],
+) -> Written:
+    """N3–N5: the node's node_resources rows (``existing``: those it has); an allocated row
+    never shrinks below what is allocated, nor goes while allocated."""
     desired = desired_rows(facts_of(node), pool.pool_class, policy)
-    existing = node_sql.resource_rows(db, node.id)
     put: list[tuple[str, int, float]] = []
     writes, held = 0, False
     for resource, row in desired.items():

@@ -170,7 +170,7 @@ async def join_node(store: Store, call: Call[NodesJoin]) -> NodeJoined:
                     "identity": identity_of(inventory),
                     "tenant_owned": int(site.kind == "custom"),
                     "inventory_rev": 1,
-                    "rows_pool_version": 0,  # rows not computed yet, and no bookings to refresh
+                    "rows_pool_version": node_sql.UNWRITTEN,  # nothing to read nor refresh
                     "created_at": at,
                 },
             )

@@ -27,7 +27,7 @@ from controlplane.storage.node_types import (
     resource_row,
 )
 from controlplane.storage.paging import merged
-from controlplane.storage.sql import Database
+from controlplane.storage.sql import Database, values_of
 
 # --- join tokens -----------------------------------------------------------
 
@@ -241,6 +241,7 @@ def take_free_atoms(db: Database, node_id: str, booked: int) -> None:
 
 
 STALE = -1  # rows_pool_version of a node the next pass reconciles whatever moved
+UNWRITTEN = 0  # rows_pool_version of a node that joined: it has no rows nor atoms yet
 
 
 def mark_stale(db: Database, node_ids: Iterable[str]) -> None:
@@ -273,12 +274,19 @@ def resource_rows_of(db: Database, node_ids: Sequence[str]) -> list[ResourceRow]
 
 
 def put_resources(db: Database, node_id: str, rows: Sequence[tuple[str, int, float]]) -> None:
-    """The node's rows ``(resource, capacity, ratio)``, written or rewritten, in one batch."""
-    db.executemany(
-        "INSERT INTO node_resources (node_id, resource, capacity, allocated, ratio) "
-        "VALUES (?, ?, ?, 0, ?) ON CONFLICT (node_id, resource) DO UPDATE SET "
-        "capacity = excluded.capacity, ratio = excluded.ratio",
+    """The node's rows ``(resource, capacity, ratio)``, written or rewritten, in one statement
+    (each resource once)."""
+    if not rows:
+        return
+    values, params = values_of(
         [(node_id, resource, capacity, ratio) for resource, capacity, ratio in rows],
+        "(?, ?, ?, 0, ?)",
+    )
+    db.execute(
+        "INSERT INTO node_resources (node_id, resource, capacity, allocated, ratio) "
+        f"VALUES {values} ON CONFLICT (node_id, resource) DO UPDATE SET "
+        "capacity = excluded.capacity, ratio = excluded.ratio",
+        params,
     )
 
 
@@ -313,14 +321,20 @@ def set_device_flags(db: Database, node_id: str, flags: Sequence[tuple[str, bool
 
 
 def insert_devices(db: Database, node_id: str, atoms: Sequence[NewAtom]) -> None:
-    """New atoms of the node, not booked, in one batch."""
-    db.executemany(
-        "INSERT INTO node_devices (node_id, device_id, resource, gpu_uuid, profile, unhealthy, "
-        "held) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    """New atoms of the node, not booked, in one statement."""
+    if not atoms:
+        return
+    values, params = values_of(
         [
             (node_id, a.device_id, a.resource, a.gpu_uuid, a.profile, int(a.unhealthy), int(a.held))
             for a in atoms
         ],
+        "(?, ?, ?, ?, ?, ?, ?)",
+    )
+    db.execute(
+        "INSERT INTO node_devices (node_id, device_id, resource, gpu_uuid, profile, unhealthy, "
+        f"held) VALUES {values}",
+        params,
     )
 
 

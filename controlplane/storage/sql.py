@@ -141,6 +141,13 @@ T = TypeVar("T")
 _NAMED = re.compile(r"(?<![:\w]):([A-Za-z_]\w*)")
 
 
+def values_of(rows: Sequence[Sequence[Any]], row: str) -> tuple[str, list[Any]]:
+    """A multi-row ``VALUES`` list for ``rows``, each as the placeholders ``row`` (``(?, ?)``),
+    and their parameters in order: many rows in one statement, on PostgreSQL one round trip
+    with none of a pipelined batch's work per row."""
+    return ", ".join([row] * len(rows)), [value for values in rows for value in values]
+
+
 @lru_cache(maxsize=4096)
 def to_pyformat(sql: str, named: bool) -> str:
     """``?`` (or ``:name``) placeholders as psycopg's ``%s`` (``%(name)s``), a literal ``%``
