@@ -2,7 +2,9 @@
 
 Admission: at most ``--max-inflight`` API requests are handled at once; one more is answered
 503 ``UNAVAILABLE`` with ``Retry-After`` at once, before its body is read, instead of queuing
-until its client times out. ``/healthz``, ``/readyz``, ``/metrics`` and the other GET paths
+until its client times out. Retry-After follows the storm (``next_retry_after``): it grows
+while the replica sheds most of what it is asked, up to a third of the lost-node grace, and
+falls back once it sheds nothing. ``/healthz``, ``/readyz``, ``/metrics`` and the other GET paths
 are never shed, nor counted; a long-poll is counted only until its body is read (then it
 waits, holding no work). A mutation is shed as well while the oldest one waiting for this
 replica's writer has waited longer than ``--max-write-wait``: the count alone lets hundreds
@@ -16,26 +18,69 @@ check marks nothing lost until a whole grace period has passed with no replica b
 silence a node's reports met at a shedding follower is the control plane's, not the node's.
 """
 
+import math
 import time
 
 DEFAULT_MAX_INFLIGHT = 256  # requests handled at once per replica before it sheds
-SHED_RETRY_AFTER_S = 2  # Retry-After of a shed request: agents add their jitter to it
+SHED_RETRY_AFTER_S = 2  # the least Retry-After of a shed request: agents add their jitter to it
+RETRY_WINDOW_S = 1.0  # how often Retry-After follows what the replica sheds and serves
 # A mutation is shed while the oldest one waiting for the writer has waited longer than this:
 # well under the 10 s an agent waits for an answer, so a storm meets 503s, not timeouts.
 MAX_WRITE_WAIT_S = 2.0
 
 
+def next_retry_after(current: float, admitted: int, shed: int, cap: float) -> float:
+    """The Retry-After for the next window, after one that admitted ``admitted`` requests and
+    shed ``shed``. An agent waits Retry-After to twice as long, so the requests a storm's
+    agents send fall as it grows: after a window that shed, it grows by the square root of
+    what was asked over what was served (damped, since the agents told the last value are
+    still on their way), after one that shed nothing it halves; never under
+    SHED_RETRY_AFTER_S nor over ``cap`` (at once after a window that served nothing). So a
+    storm's retries come about as fast as the replica serves them, instead of most of its
+    work (and its clients') going to 503s."""
+    if shed == 0:
+        return max(float(SHED_RETRY_AFTER_S), current / 2)
+    if admitted == 0:
+        return cap  # it served nothing: as long as it may
+    grown = current * math.sqrt((admitted + shed) / admitted)
+    return min(cap, max(float(SHED_RETRY_AFTER_S), grown))
+
+
 class Overload:
-    """One replica's admission count and the last time it was behind (epoch seconds)."""
+    """One replica's admission count, the Retry-After of what it sheds, and the last time it
+    was behind (epoch seconds)."""
 
     def __init__(
-        self, max_inflight: int = DEFAULT_MAX_INFLIGHT, max_write_wait: float = MAX_WRITE_WAIT_S
+        self,
+        max_inflight: int = DEFAULT_MAX_INFLIGHT,
+        max_write_wait: float = MAX_WRITE_WAIT_S,
+        max_retry_after: float = 30.0,
     ) -> None:
         self.max_inflight = max_inflight
         self.max_write_wait = max_write_wait
+        # Under the lost-node grace with room to spare: an agent told the most still reports
+        # (after up to twice as long) within a grace period of the replica's last shedding.
+        self.max_retry_after = max(float(SHED_RETRY_AFTER_S), max_retry_after)
         self.inflight = 0
         self.shed = 0  # requests shed since the start
         self.behind_at = time.time()  # a start: every node gets a whole grace period after it
+        self._retry_after = float(SHED_RETRY_AFTER_S)
+        self._window = (time.monotonic(), 0, 0)  # its start, requests admitted and shed
+
+    @property
+    def retry_after(self) -> int:
+        """The Retry-After (whole seconds) of a request shed now."""
+        return math.ceil(self._retry_after)
+
+    def _count(self, admitted: bool) -> None:
+        started, served, shed = self._window
+        at = time.monotonic()
+        if at - started >= RETRY_WINDOW_S:
+            self._retry_after = next_retry_after(
+                self._retry_after, served, shed, self.max_retry_after
+            )
+            started, served, shed = at, 0, 0
+        self._window = (started, served + admitted, shed + (not admitted))
 
     def admit(self, write_wait: float | None = None) -> bool:
         """Whether one more request is handled now (then ``leave`` once it is done); when
@@ -46,8 +91,10 @@ class Overload:
         if self.inflight >= self.max_inflight or waits_too_long:
             self.shed += 1
             self.behind()
+            self._count(admitted=False)
             return False
         self.inflight += 1
+        self._count(admitted=True)
         return True
 
     def leave(self) -> None:

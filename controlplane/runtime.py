@@ -37,7 +37,11 @@ class Runtime:
         self.leadership = Leadership(
             self.config.db_path, self.config.reconcile_interval, self.config.db_timeout
         )
-        self.overload = Overload(self.config.max_inflight, self.config.max_write_wait)
+        self.overload = Overload(
+            self.config.max_inflight,
+            self.config.max_write_wait,
+            self.config.node_lost_after / 3,  # told the most, an agent is heard within 2/3
+        )
         self.env = Env(self.liveness, self.credentials, self.config.attestors, self.counters)
 
     @property

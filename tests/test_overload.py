@@ -15,7 +15,7 @@ from controlplane.app import make_app
 from controlplane.capacity.liveness import Liveness
 from controlplane.config import Config
 from controlplane.metrics import Metrics
-from controlplane.overload import SHED_RETRY_AFTER_S, Overload
+from controlplane.overload import SHED_RETRY_AFTER_S, Overload, next_retry_after
 from controlplane.reconciler import run_reconciler
 from controlplane.storage.db import Store, epoch, is_postgres
 from controlplane.storage.leader import Leadership
@@ -76,7 +76,11 @@ async def test_f10_a_storm_is_shed_with_retry_after_never_a_timeout(
         ]
         assert len(made) + len(shed) + 3 == len(outcomes), Counter(o[:1] for o in outcomes)
         assert made and shed
-        assert {o[1:] for o in shed} == {(str(SHED_RETRY_AFTER_S), "UNAVAILABLE")}
+        assert {o[2] for o in shed} == {"UNAVAILABLE"}
+        # Whole seconds, from the least to a third of the default 90 s lost-node grace.
+        waits = {int(o[1]) for o in shed if o[1] is not None and o[1].isdigit()}
+        assert len(waits) == len({o[1] for o in shed}), shed
+        assert min(waits) >= SHED_RETRY_AFTER_S and max(waits) <= 30, waits
         location = db if is_postgres(db) else tmp_path / "data" / "bc.db"
         assert execute(location, "SELECT count(*) FROM pools") == [(len(made),)]
     finally:
@@ -240,3 +244,42 @@ async def test_f10_mutations_are_shed_while_the_writer_is_behind_reads_are_not(
     await api.ok("compute/sites/create", {**site, "name": "ams1"})
     names = [s["name"] for s in (await api.ok("compute/sites/list", {"tenantId": "root"}))["items"]]
     assert sorted(names) == ["ams1", "fra1"]
+
+
+def test_f10_retry_after_follows_a_storm_up_to_its_cap_and_back_down(monkeypatch: Any) -> None:
+    """F10: while a replica sheds most of what it is asked, the Retry-After it tells grows
+    each window (so the storm's agents come back about as fast as it serves them), never past
+    its cap (a third of the lost-node grace at the daemon); once a window sheds nothing it
+    halves back to the least."""
+    clock = [1000.0]
+    monkeypatch.setattr("controlplane.overload.time.monotonic", lambda: clock[0])
+    overload = Overload(max_inflight=10, max_retry_after=20)
+    told = []
+    for _ in range(6):  # six windows, each asked 100 requests while it serves 10 at once
+        clock[0] += 1.0
+        admitted = [overload.admit() for _ in range(100)]
+        assert admitted.count(True) == 10
+        told.append(overload.retry_after)
+        for _ in range(10):
+            overload.leave()
+    assert told[0] == SHED_RETRY_AFTER_S  # the first window of the storm: the least
+    assert told == sorted(told) and told[1] > told[0], told
+    assert told[-1] == 20, told  # capped
+    quiet = []
+    for _ in range(5):  # windows that shed nothing
+        clock[0] += 1.0
+        assert overload.admit()
+        overload.leave()
+        quiet.append(overload.retry_after)
+    # The first quiet request ends the storm's last window; each one after it, a quiet one.
+    assert quiet == [20, 10, 5, 3, 2], quiet
+
+
+def test_f10_retry_after_grows_with_what_was_asked_over_what_was_served() -> None:
+    """F10: the next Retry-After grows by the square root of asked over served (damped),
+    halves after a window with no sheds, and stays within its bounds."""
+    assert next_retry_after(2.0, admitted=10, shed=30, cap=60) == 4.0  # asked 4x: sqrt 2x
+    assert next_retry_after(8.0, admitted=100, shed=0, cap=60) == 4.0
+    assert next_retry_after(2.0, admitted=0, shed=500, cap=60) == 60.0  # nothing served
+    assert next_retry_after(3.0, admitted=10, shed=0, cap=60) == SHED_RETRY_AFTER_S
+    assert next_retry_after(2.0, admitted=1000, shed=1, cap=60) == 2.0 * (1001 / 1000) ** 0.5

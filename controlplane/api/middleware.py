@@ -11,7 +11,7 @@ from aiohttp import web
 from controlplane.api.answer import error_response, json_response
 from controlplane.api.keys import BODY, CALLER, METRICS, RUNTIME, SCREENED
 from controlplane.api.screen import incoming_request_id, screen
-from controlplane.overload import SHED_RETRY_AFTER_S, Overload
+from controlplane.overload import Overload
 from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, Unavailable, error_body
 from shared.log import lines_written, log_request
 
@@ -40,7 +40,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
                 if not overload.admit(runtime.db.write_wait() if screened.write else None):
                     raise Unavailable(
                         "the control plane is overloaded; try again",
-                        retry_after=SHED_RETRY_AFTER_S,
+                        retry_after=overload.retry_after,
                     )
                 admitted = overload
             await screen(request, screened)
