@@ -94,11 +94,11 @@ def gate(method: Method, token: str | None, call: Call[Any]) -> Callable[[Databa
 
 
 async def on_reader(store: Store, fn: Callable[[Database], T]) -> T:
-    """``fn`` on a reader: SQLite's on the loop (a local call of microseconds, autocommit
-    statements), PostgreSQL's on a reader thread (a network round trip must not hold the
-    loop, B6)."""
+    """``fn`` on a reader, outside a transaction (autocommit statements, each seeing the latest
+    commit): SQLite's on the loop (a local call of microseconds), PostgreSQL's on a reader
+    thread (a network round trip must not hold the loop, B6)."""
     if store.postgres:
-        return await store.read_short(fn)
+        return await store.read_latest(fn)
     return fn(store.reader)
 
 

@@ -115,7 +115,7 @@ async def join_node(store: Store, call: Call[NodesJoin]) -> NodeJoined:
         raise InvalidInput(f"attestor {req.attestor} is not registered", field="attestor")
     # A bad token is refused on a reader, without taking the single writer's time (nor the
     # event loop's: F1).
-    await store.read_short(lambda db: attestor(db, req))
+    await store.read_latest(lambda db: attestor(db, req))
     inventory = with_families(req.inventory)
     digest = stable_digest(inventory)
     token = new_token(NODE_PREFIX)

@@ -392,6 +392,16 @@ class Store:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._short_readers, self._read_in_thread, fn)
 
+    async def read_latest(self, fn: Callable[[Database], T]) -> T:
+        """``fn`` on a short reader thread outside a transaction, each statement seeing the
+        latest commit, as SQLite's reader on the loop does: for a check that is made again
+        in a write's transaction, at one round trip a statement (no BEGIN nor COMMIT)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._short_readers, self._latest_in_thread, fn)
+
+    def _latest_in_thread(self, fn: Callable[[Database], T]) -> T:
+        return fn(self._thread_reader())
+
     @property
     def writer_dbs(self) -> list[Database]:
         """Every connection a mutation runs on: the writer's, then the own-row writers'."""
