@@ -3,8 +3,8 @@
 Admission: at most ``--max-inflight`` API requests are handled at once; one more is answered
 503 ``UNAVAILABLE`` with ``Retry-After`` at once, before its body is read, instead of queuing
 until its client times out. Retry-After follows the storm (``next_retry_after``): it grows
-while the replica sheds most of what it is asked, up to a third of the lost-node grace, and
-falls back once it sheds nothing. ``/healthz``, ``/readyz``, ``/metrics`` and the other GET paths
+with what the replica is asked over what it serves (its square root), up to a third of the lost-node grace, and
+is the least again once it sheds nothing. ``/healthz``, ``/readyz``, ``/metrics`` and the other GET paths
 are never shed, nor counted; a long-poll is counted only until its body is read (then it
 waits, holding no work). A mutation is shed as well while the oldest one waiting for this
 replica's writer has waited longer than ``--max-write-wait``: the count alone lets hundreds
@@ -18,7 +18,6 @@ check marks nothing lost until a whole grace period has passed with no replica b
 silence a node's reports met at a shedding follower is the control plane's, not the node's.
 """
 
-import math
 import time
 
 DEFAULT_MAX_INFLIGHT = 256  # requests handled at once per replica before it sheds
@@ -29,21 +28,20 @@ RETRY_WINDOW_S = 1.0  # how often Retry-After follows what the replica sheds and
 MAX_WRITE_WAIT_S = 2.0
 
 
-def next_retry_after(current: float, admitted: int, shed: int, cap: float) -> float:
+def next_retry_after(admitted: int, shed: int, cap: float) -> float:
     """The Retry-After for the next window, after one that admitted ``admitted`` requests and
-    shed ``shed``. An agent waits Retry-After to twice as long, so the requests a storm's
-    agents send fall as it grows: after a window that shed, it grows by the square root of
-    what was asked over what was served (damped, since the agents told the last value are
-    still on their way), after one that shed nothing it halves; never under
-    SHED_RETRY_AFTER_S nor over ``cap`` (at once after a window that served nothing). So a
-    storm's retries come about as fast as the replica serves them, instead of most of its
-    work (and its clients') going to 503s."""
+    shed ``shed``: the least, times the square root of what was asked over what was served,
+    at most ``cap`` (at once when nothing was served). An agent waits Retry-After to twice as long, so a storm's
+    retries thin out as it grows, and come back about as fast as the replica serves them
+    instead of most of its work (and its clients') going to 503s. It follows the last
+    window alone, and by the square root: compounded over windows, or in full, it overshot
+    (the agents told the last value are still on their way) and left the replica idle while
+    the storm's last agents waited."""
     if shed == 0:
-        return max(float(SHED_RETRY_AFTER_S), current / 2)
+        return float(SHED_RETRY_AFTER_S)
     if admitted == 0:
         return cap  # it served nothing: as long as it may
-    grown = current * math.sqrt((admitted + shed) / admitted)
-    return min(cap, max(float(SHED_RETRY_AFTER_S), grown))
+    return min(cap, SHED_RETRY_AFTER_S * ((admitted + shed) / admitted) ** 0.5)
 
 
 class Overload:
@@ -70,15 +68,13 @@ class Overload:
     @property
     def retry_after(self) -> int:
         """The Retry-After (whole seconds) of a request shed now."""
-        return math.ceil(self._retry_after)
+        return round(self._retry_after)
 
     def _count(self, admitted: bool) -> None:
         started, served, shed = self._window
         at = time.monotonic()
         if at - started >= RETRY_WINDOW_S:
-            self._retry_after = next_retry_after(
-                self._retry_after, served, shed, self.max_retry_after
-            )
+            self._retry_after = next_retry_after(served, shed, self.max_retry_after)
             started, served, shed = at, 0, 0
         self._window = (started, served + admitted, shed + (not admitted))
 
