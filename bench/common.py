@@ -233,6 +233,29 @@ def headers(token: str | None) -> dict[str, str]:
     return result
 
 
+async def bound_port(proc: subprocess.Popen[bytes], log_path: Path) -> int:
+    """The port a daemon started with ``--listen HOST:0`` bound, from its "serving" line
+    (``--log-format json``): no port is chosen first and left free for another process (a
+    parallel test's) to take meanwhile."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SetupError(
+                f"{proc.args!r} exited with {proc.returncode} before it was serving; "
+                f"log {log_path}:\n{log_tail(log_path)}"
+            )
+        text = await asyncio.to_thread(log_path.read_text, errors="replace")
+        for line in text.splitlines():
+            if '"serving"' not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                fields = json.loads(line)
+                if fields.get("event") == "serving" and isinstance(fields.get("url"), str):
+                    return int(fields["url"].rsplit(":", 1)[1])
+        await asyncio.sleep(0.05)
+    raise SetupError(f"{proc.args!r} was not serving after {READY_TIMEOUT_S:.0f} s; log {log_path}")
+
+
 async def wait_ready(
     session: aiohttp.ClientSession,
     method: str,

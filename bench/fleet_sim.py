@@ -108,10 +108,10 @@ from common import (  # noqa: E402
     DGX_FIXTURE,
     HOST,
     SetupError,
+    bound_port,
     call,
     daemon_argv,
     encode,
-    free_ports,
     log_tail,
     percentile,
     spawned,
@@ -280,7 +280,7 @@ async def servers(
     options: Options, workdir: Path, session: aiohttp.ClientSession
 ) -> AsyncIterator[Servers]:
     """The daemons of the run, ready; stopped (and the PostgreSQL server) on the way out."""
-    ports = free_ports(options.replicas)
+    ports: list[int] = []  # each daemon binds port 0 and says which it bound
     with contextlib.ExitStack() as stack:
         server: PostgresServer | None = None
         url = options.postgres_url
@@ -290,8 +290,8 @@ async def servers(
             await asyncio.to_thread(server.start)
             url = await asyncio.to_thread(server.new_database)
         procs, logs = [], []
-        for n, port in enumerate(ports):
-            argv = daemon_argv(workdir, port, *options.daemon_flags())
+        for n in range(options.replicas):
+            argv = daemon_argv(workdir, 0, *options.daemon_flags())
             if url is not None:
                 argv[argv.index("--db") + 1] = url  # a replica (B4); all share one token file
             log = workdir / f"daemon{n}.log"
@@ -300,7 +300,10 @@ async def servers(
             logs.append(log)
             # The first one makes the schema and root's token; then the others start.
             if n == 0:
-                await wait_ready(session, "GET", f"http://{HOST}:{port}/readyz", proc, log)
+                ports.append(await bound_port(proc, log))
+                await wait_ready(session, "GET", f"http://{HOST}:{ports[0]}/readyz", proc, log)
+        for proc, log in zip(procs[1:], logs[1:], strict=True):
+            ports.append(await bound_port(proc, log))
         for proc, port, log in zip(procs[1:], ports[1:], logs[1:], strict=True):
             await wait_ready(session, "GET", f"http://{HOST}:{port}/readyz", proc, log)
         postgres_pid = None

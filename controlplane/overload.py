@@ -18,6 +18,7 @@ check marks nothing lost until a whole grace period has passed with no replica b
 silence a node's reports met at a shedding follower is the control plane's, not the node's.
 """
 
+import math
 import time
 
 DEFAULT_MAX_INFLIGHT = 256  # requests handled at once per replica before it sheds
@@ -41,7 +42,7 @@ def next_retry_after(admitted: int, shed: int, cap: float) -> float:
         return float(SHED_RETRY_AFTER_S)
     if admitted == 0:
         return cap  # it served nothing: as long as it may
-    return min(cap, SHED_RETRY_AFTER_S * ((admitted + shed) / admitted) ** 0.5)
+    return min(cap, SHED_RETRY_AFTER_S * math.sqrt((admitted + shed) / admitted))
 
 
 class Overload:
