@@ -1,10 +1,18 @@
 """What a changed nodes/report costs the writer, and rows whose JSON no longer decodes."""
 
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
 import msgspec
+import psycopg
 
 from controlplane.api.keys import RUNTIME
+from controlplane.storage.db import WRITER_LOCK, Store
 from tests.conftest import Api
-from tests.nodes import DGX_POLICY, apply_spec, joined, pool_with_token, recorded, report
+from tests.nodes import DGX_POLICY, apply_spec, joined, pool_with_token, recorded, report, twin
 from tests.statements import mutation, node_reads, writer_statements
 
 # The statements of a changed report's transaction, without the store's BEGIN and COMMIT:
@@ -94,3 +102,55 @@ async def test_f10_a_first_report_writes_its_node_once_and_reads_no_rows_that_ca
     assert (joined_view["state"], view["state"]) == ("configuring", "ready"), view
     assert view["resources"] == joined_view["resources"], view["resources"]
     assert {r["resource"]: r["capacity"] for r in view["resources"]}["vcpu"] > 0, view
+
+
+@contextlib.asynccontextmanager
+async def writer_held(store: Store, db_path: Any) -> AsyncIterator[None]:
+    """The writer held up while the block runs, so that the mutations sent meanwhile queue:
+    on SQLite its thread busy in a transaction; on PostgreSQL the event order's lock held by
+    another session (own-row groups wait for it at their end)."""
+    if store.postgres:
+        orders = psycopg.connect(str(db_path), autocommit=False)
+        try:
+            orders.execute("SELECT pg_advisory_xact_lock(%s)", [WRITER_LOCK])
+            yield
+        finally:
+            orders.rollback()
+            orders.close()
+        return
+    entered, release = threading.Event(), threading.Event()
+
+    def held(_: Any) -> None:
+        entered.set()
+        release.wait(30)
+
+    holding = asyncio.ensure_future(store.write(held))
+    try:
+        assert await asyncio.to_thread(entered.wait, 10)
+        yield
+    finally:
+        release.set()
+        await holding
+
+
+async def test_f10_first_reports_committed_together_read_their_pool_once(api: Api) -> None:
+    """F10: the first reports of one pool's nodes that wait behind the writer share group
+    commits, and each group reads the pool once, not once a report; every node is ready."""
+    _, token = await pool_with_token(api, max_uses=12, policy=DGX_POLICY)
+    hosts = [twin("dgx-h100-01", n) for n in range(12)]
+    nodes = [await joined(api, token, host, applied=False) for host in hosts]
+    store = api.client.app[RUNTIME].db
+    with writer_statements(store) as statements:
+        async with writer_held(store, api.client.app[RUNTIME].config.db_path):
+            reports = [
+                asyncio.ensure_future(apply_spec(api, node, host))
+                for node, host in zip(nodes, hosts, strict=True)
+            ]
+            await asyncio.sleep(0.5)  # every report is queued, or in a group held up
+        await asyncio.gather(*reports)
+    pool_reads = [sql for sql in statements if sql.startswith("SELECT id, version, class")]
+    assert len(pool_reads) <= statements.count("COMMIT"), statements
+    assert len(pool_reads) < len(nodes) / 2, pool_reads
+    for node in nodes:
+        view = await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
+        assert view["state"] == "ready", view

@@ -575,6 +575,7 @@ class Store:
         started = time.monotonic()
         ended: list[Outcome | BaseException | None] = []
         spans: list[tuple[int, int]] = []  # each mutation's events in pending_events
+        db.pools_read = {}
         try:
             db.execute(
                 "SELECT pg_advisory_xact_lock(?, hashtext(?)), pg_advisory_xact_lock_shared(?)",
@@ -610,6 +611,8 @@ class Store:
             if db.in_transaction:
                 db.execute("ROLLBACK")
             raise
+        finally:
+            db.pools_read = None
         return [
             (end[0], seqs[last - 1] if last > first else 0, end[2])
             if isinstance(end, tuple)
@@ -668,6 +671,7 @@ class Store:
         db.execute("BEGIN IMMEDIATE")
         started = time.monotonic()
         ended: list[Outcome | BaseException] = []
+        db.pools_read = {}  # the one writer: no pool changes under the group
         try:
             while len(ended) < len(group):
                 ended.append(self._in_savepoint(db, group[len(ended)]))
@@ -681,6 +685,7 @@ class Store:
                 db.execute("ROLLBACK")
             raise
         finally:
+            db.pools_read = None
             if self.heads is not None:
                 self.heads.ended()
         return ended

@@ -2,7 +2,7 @@
 the typed rows of storage/node_types.py."""
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from controlplane.storage.node_types import (
     DEVICE_COLUMNS,
@@ -139,11 +139,18 @@ def nodes_of_pools(
 
 
 def pool_of_node(db: Database, pool_id: str) -> NodePool | None:
-    """What a node's reconcile reads of its pool, for a node already read (a report's)."""
+    """What a node's reconcile reads of its pool, for a node already read (a report's); read
+    once in a group commit (``Database.pools_read``)."""
+    held = db.pools_read
+    if held is not None and pool_id in held:
+        return cast(NodePool | None, held[pool_id])
     found = db.execute(
         f"SELECT {', '.join(POOL_COLUMNS)} FROM pools WHERE id = ?", [pool_id]
     ).fetchone()
-    return None if found is None else node_pool(found)
+    pool = None if found is None else node_pool(found)
+    if held is not None:
+        held[pool_id] = pool
+    return pool
 
 
 _WITH_POOL = f"SELECT {_N_NODE}, {_P_POOL} FROM nodes n JOIN pools p ON p.id = n.pool_id "

@@ -87,6 +87,11 @@ class Database:
     # PostgreSQL: the node key of a mutation running beside others (db.py SERIAL_LOCK), or
     # None when it runs alone (SQLite: always).
     own_rows: str | None = None
+    # In a group commit of own-row mutations: the pools its members read, by id. None changes
+    # under the group: own-row mutations never write a pool, and on SQLite the group is the
+    # one writer's transaction, on PostgreSQL it holds SERIAL_LOCK shared, which every other
+    # mutation (a pool's among them) takes whole.
+    pools_read: dict[str, Any] | None = None
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
         raise NotImplementedError
