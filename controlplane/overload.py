@@ -3,9 +3,10 @@
 Admission: at most ``--max-inflight`` API requests are handled at once; one more is answered
 503 ``UNAVAILABLE`` with ``Retry-After`` at once, before its body is read, instead of queuing
 until its client times out. Retry-After follows the storm (``next_retry_after``): it grows
-with what the replica is asked over what it serves (its square root), up to a third of the lost-node grace, and
-is the least again once it sheds nothing. ``/healthz``, ``/readyz``, ``/metrics`` and the other GET paths
-are never shed, nor counted; a long-poll is counted only until its body is read (then it
+with what the replica is asked over what it serves (its square root), up to what still lets
+a node told it be heard within the lost-node grace (``longest_retry_after``), and is the
+least again once it sheds nothing. ``/healthz``, ``/readyz``, ``/metrics`` and the other GET
+paths are never shed, nor counted; a long-poll is counted only until its body is read (then it
 waits, holding no work). A mutation is shed as well while the oldest one waiting for this
 replica's writer has waited longer than ``--max-write-wait``: the count alone lets hundreds
 queue on a writer that several replicas share, each past its client's patience.
@@ -45,6 +46,15 @@ def next_retry_after(admitted: int, shed: int, cap: float) -> float:
     return min(cap, SHED_RETRY_AFTER_S * math.sqrt((admitted + shed) / admitted))
 
 
+def longest_retry_after(lost_after: float, interval: float, stamp_period: float) -> float:
+    """The most Retry-After may be so that no node it sheds is marked lost: an agent told it
+    reports within twice as long, and the stamp of the answered report reaches the database
+    within a pass ``interval`` and a ``stamp_period`` after; all that within the grace
+    (``lost_after``) that follows the replica's last shedding. Never under the least."""
+    spare = lost_after - interval - stamp_period
+    return max(float(SHED_RETRY_AFTER_S), spare / 2)
+
+
 class Overload:
     """One replica's admission count, the Retry-After of what it sheds, and the last time it
     was behind (epoch seconds)."""
@@ -57,8 +67,7 @@ class Overload:
     ) -> None:
         self.max_inflight = max_inflight
         self.max_write_wait = max_write_wait
-        # Under the lost-node grace with room to spare: an agent told the most still reports
-        # (after up to twice as long) within a grace period of the replica's last shedding.
+        # The daemon's is ``longest_retry_after``: a node told the most is not marked lost.
         self.max_retry_after = max(float(SHED_RETRY_AFTER_S), max_retry_after)
         self.inflight = 0
         self.shed = 0  # requests shed since the start
@@ -69,7 +78,7 @@ class Overload:
     @property
     def retry_after(self) -> int:
         """The Retry-After (whole seconds) of a request shed now."""
-        return round(self._retry_after)
+        return int(self._retry_after)  # rounded down: never past the cap
 
     def _count(self, admitted: bool) -> None:
         started, served, shed = self._window

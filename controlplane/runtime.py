@@ -3,10 +3,10 @@
 import time
 from dataclasses import dataclass, field
 
-from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.liveness import STAMPS_PER_GRACE, Liveness
 from controlplane.config import Config
 from controlplane.iam.cache import CredentialCache
-from controlplane.overload import Overload
+from controlplane.overload import Overload, longest_retry_after
 from controlplane.reads.answers import AnswerCache
 from controlplane.reads.workers import ReadWorkers
 from controlplane.services.call import Counters, Env, Uncounted
@@ -40,7 +40,11 @@ class Runtime:
         self.overload = Overload(
             self.config.max_inflight,
             self.config.max_write_wait,
-            self.config.node_lost_after / 3,  # told the most, an agent is heard within 2/3
+            longest_retry_after(
+                self.config.node_lost_after,
+                self.config.reconcile_interval,
+                self.config.node_lost_after / STAMPS_PER_GRACE,
+            ),
         )
         self.env = Env(self.liveness, self.credentials, self.config.attestors, self.counters)
 

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 
 from controlplane.reads.answers import AnswerCache
-from controlplane.storage.db import Store
+from controlplane.storage.db import SHORT_READER_THREADS, Store
 from controlplane.storage.db import generation as generation_of
 from shared.errors import Unavailable
 from tests.daemons import Daemon, call
@@ -194,5 +194,31 @@ def test_f1_cached_answers_go_when_the_database_connection_is_replaced(
             except Unavailable:
                 time.sleep(0.1)
         assert cache.get(key, generation) is None
+    finally:
+        store.close()
+
+
+async def test_f1_a_first_step_after_a_restart_is_served_on_a_fresh_connection(
+    own_server: PostgresServer,
+) -> None:
+    """F1: a write's first step reads outside a transaction; after the database restarted it
+    is answered at once on a fresh connection (as a transaction's BEGIN is), not refused on
+    the connection the restart broke, on every short reader."""
+    store = Store(own_server.new_database(), db_timeout=DB_TIMEOUT)
+    try:
+
+        def one(db: Any) -> int:
+            time.sleep(0.05)  # each reader thread takes one: all of them hold a connection
+            return int(db.execute("SELECT 1").fetchone()[0])
+
+        readers = SHORT_READER_THREADS
+        assert (
+            await asyncio.gather(*(store.read_latest(one) for _ in range(readers))) == [1] * readers
+        )
+        own_server.restart("fast")
+        answers = await asyncio.gather(
+            *(store.read_latest(one) for _ in range(readers)), return_exceptions=True
+        )
+        assert answers == [1] * readers, answers
     finally:
         store.close()

@@ -12,11 +12,12 @@ import aiohttp
 
 from controlplane.api.keys import RUNTIME
 from controlplane.app import make_app
-from controlplane.capacity.liveness import Liveness
+from controlplane.capacity.liveness import STAMPS_PER_GRACE, Liveness
 from controlplane.config import Config
 from controlplane.metrics import Metrics
 from controlplane.overload import SHED_RETRY_AFTER_S, Overload, next_retry_after
 from controlplane.reconciler import run_reconciler
+from controlplane.runtime import Runtime
 from controlplane.storage.db import Store, epoch, is_postgres
 from controlplane.storage.leader import Leadership
 from controlplane.storage.liveness import LivenessStore
@@ -77,10 +78,10 @@ async def test_f10_a_storm_is_shed_with_retry_after_never_a_timeout(
         assert len(made) + len(shed) + 3 == len(outcomes), Counter(o[:1] for o in outcomes)
         assert made and shed
         assert {o[2] for o in shed} == {"UNAVAILABLE"}
-        # Whole seconds, from the least to a third of the default 90 s lost-node grace.
+        # Whole seconds, from the least to the cap at the default 90 s grace and 30 s passes.
         waits = {int(o[1]) for o in shed if o[1] is not None and o[1].isdigit()}
         assert len(waits) == len({o[1] for o in shed}), shed
-        assert min(waits) >= SHED_RETRY_AFTER_S and max(waits) <= 30, waits
+        assert min(waits) >= SHED_RETRY_AFTER_S and max(waits) <= 22, waits
         location = db if is_postgres(db) else tmp_path / "data" / "bc.db"
         assert execute(location, "SELECT count(*) FROM pools") == [(len(made),)]
     finally:
@@ -281,3 +282,21 @@ def test_f10_retry_after_grows_with_what_was_asked_over_what_was_served() -> Non
     assert next_retry_after(admitted=0, shed=500, cap=60) == 60  # nothing served
     assert next_retry_after(admitted=10, shed=99_990, cap=60) == 60
     assert round(next_retry_after(admitted=1000, shed=1, cap=60)) == SHED_RETRY_AFTER_S
+
+
+def test_f10_a_node_told_the_longest_retry_after_is_heard_within_the_grace(
+    config: Config,
+) -> None:
+    """F10: the daemon caps Retry-After so that a node told the most, which reports within
+    twice as long, still has its stamp reach the database (within a pass interval and a
+    stamp period) inside the lost-node grace that follows the replica's last shedding."""
+    for lost_after, interval in ((90.0, 30.0), (30.0, 10.0), (90.0, 60.0), (20.0, 15.0)):
+        runtime = Runtime(
+            dataclasses.replace(config, node_lost_after=lost_after, reconcile_interval=interval)
+        )
+        cap = runtime.overload.max_retry_after
+        heard_by = 2 * cap + interval + lost_after / STAMPS_PER_GRACE
+        assert heard_by <= lost_after or cap == SHED_RETRY_AFTER_S, (lost_after, interval, cap)
+        assert cap >= SHED_RETRY_AFTER_S
+    defaults = Runtime(dataclasses.replace(config, node_lost_after=90.0, reconcile_interval=30.0))
+    assert defaults.overload.max_retry_after == 22.5

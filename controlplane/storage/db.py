@@ -400,7 +400,15 @@ class Store:
         return await loop.run_in_executor(self._short_readers, self._latest_in_thread, fn)
 
     def _latest_in_thread(self, fn: Callable[[Database], T]) -> T:
-        return fn(self._thread_reader())
+        db = self._thread_reader()
+        try:
+            return fn(db)
+        except Unavailable:
+            if not isinstance(db, PostgresDatabase) or db.conn is not None:
+                raise
+            # Its connection broke (a restart, a failover, an idle session ended) and was
+            # dropped: once more on a fresh one, as a BEGIN is (F1). Nothing was written.
+            return fn(db)
 
     @property
     def writer_dbs(self) -> list[Database]:
