@@ -33,12 +33,12 @@ MAX_WRITE_WAIT_S = 2.0
 def next_retry_after(admitted: int, shed: int, cap: float) -> float:
     """The Retry-After for the next window, after one that admitted ``admitted`` requests and
     shed ``shed``: the least, times the square root of what was asked over what was served,
-    at most ``cap`` (at once when nothing was served). An agent waits Retry-After to twice as long, so a storm's
-    retries thin out as it grows, and come back about as fast as the replica serves them
-    instead of most of its work (and its clients') going to 503s. It follows the last
-    window alone, and by the square root: compounded over windows, or in full, it overshot
-    (the agents told the last value are still on their way) and left the replica idle while
-    the storm's last agents waited."""
+    at most ``cap`` (at once when nothing was served). An agent waits Retry-After to twice
+    as long, so a storm's retries thin out as it grows, and come back about as fast as the
+    replica serves them instead of most of its work (and its clients') going to 503s. It
+    follows the last window alone, and by the square root: compounded over windows, or in
+    full, it overshot (the agents told the last value are still on their way) and left the
+    replica idle while the storm's last agents waited."""
     if shed == 0:
         return float(SHED_RETRY_AFTER_S)
     if admitted == 0:

@@ -10,7 +10,16 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 
-from controlplane.storage.db import NODE_LOCK, WRITER_LOCK, RunAlone, Store
+from controlplane.storage import events
+from controlplane.storage.commits import parse_notice
+from controlplane.storage.db import (
+    EVENTS_CHANNEL,
+    NODE_LOCK,
+    NOTICE_MAX,
+    WRITER_LOCK,
+    RunAlone,
+    Store,
+)
 from controlplane.storage.sql import Database
 from tests.conftest import execute
 from tests.statements import writer_statements
@@ -138,3 +147,29 @@ async def test_b5_a_write_that_shares_a_row_with_its_kind_commits_alone(
         assert await asyncio.gather(*started) == [f"j{i}" for i in range(10)]
     assert seen.count("COMMIT") == 10
     assert seen.count("SAVEPOINT mutation") == 0
+
+
+def test_b2_a_commit_names_its_events_audience_to_the_long_polls_or_everyone_when_too_many(
+    store: Store, postgres_url: str
+) -> None:
+    """B2: the NOTIFY a commit sends with its events names its last seq and the tenants that
+    may see them; past what a payload holds it names the seq alone (news to everyone), and
+    the listeners read both."""
+    listener = psycopg.connect(postgres_url, autocommit=True)
+    try:
+        listener.execute(f"LISTEN {EVENTS_CHANNEL}")
+        few = ["acme", "root"]
+        many = [f"tenant-{n:05d}" for n in range(NOTICE_MAX // 10)]  # 12 bytes a name
+        for audience in (few, many):
+            store.transact(
+                lambda db, audience=audience: events.append(
+                    db, "node.marked", pool_id=None, data={}, audience=audience
+                )
+            )
+        payloads = [notify.payload for notify in listener.notifies(timeout=5, stop_after=2)]
+    finally:
+        listener.close()
+    assert payloads == ["1:acme,root", "2"]
+    assert [parse_notice(p) for p in payloads] == [(1, frozenset(few)), (2, None)]
+    rows = execute(postgres_url, "SELECT count(*) FROM event_audience WHERE seq = 2")
+    assert rows == [(len(many),)]
