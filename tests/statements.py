@@ -46,3 +46,31 @@ def mutation(statements: list[str]) -> list[str]:
     """The statements of the mutation itself, without the store's framing of it (the same
     on both backends)."""
     return [sql for sql in statements if not FRAMING.match(sql)]
+
+
+@contextmanager
+def writer_transactions(store: Store) -> Iterator[list[list[str]]]:
+    """As ``writer_statements``, the statements split into the transactions they ran in (a
+    ``BEGIN`` starts one), each connection's apart, in the order the transactions began."""
+    transactions: list[list[str]] = []
+
+    def split(run: Callable[..., Any]) -> Callable[..., Any]:
+        current: list[list[str]] = [[]]
+
+        def call(sql: str, *args: Any) -> Any:
+            if sql.startswith("BEGIN"):
+                current[0] = []
+                transactions.append(current[0])
+            current[0].append(sql)
+            return run(sql, *args)
+
+        return call
+
+    dbs = store.writer_dbs
+    for db in dbs:
+        db.execute, db.executemany = split(db.execute), split(db.executemany)  # type: ignore[method-assign]
+    try:
+        yield transactions
+    finally:
+        for db in dbs:
+            del db.execute, db.executemany
