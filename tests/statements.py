@@ -13,28 +13,36 @@ FRAMING = re.compile(r"^(BEGIN|COMMIT|SELECT pg_advisory_xact_lock|SELECT pg_not
 
 
 @contextmanager
-def writer_statements(store: Store) -> Iterator[list[str]]:
-    """The statements (their text) the store's writer connections execute while the block
-    runs: transaction control, savepoints and every statement of the mutation, an
-    ``executemany`` counted once. The connections are the real ones (on PostgreSQL the
-    own-row writers' too); only their calls are seen."""
-    seen: list[str] = []
+def _watched(store: Store, saw: Callable[[int, str], None]) -> Iterator[None]:
+    """``saw(connection, sql)`` for each statement the store's writer connections execute
+    (an ``executemany`` once) while the block runs; ``connection`` tells them apart. The
+    connections are the real ones (on PostgreSQL the own-row writers' too)."""
 
-    def counted(run: Callable[..., Any]) -> Callable[..., Any]:
+    def watched(n: int, run: Callable[..., Any]) -> Callable[..., Any]:
         def call(sql: str, *args: Any) -> Any:
-            seen.append(sql)
+            saw(n, sql)
             return run(sql, *args)
 
         return call
 
     dbs = store.writer_dbs
-    for db in dbs:
-        db.execute, db.executemany = counted(db.execute), counted(db.executemany)  # type: ignore[method-assign]
+    for n, db in enumerate(dbs):
+        db.execute, db.executemany = watched(n, db.execute), watched(n, db.executemany)  # type: ignore[method-assign]
     try:
-        yield seen
+        yield
     finally:
         for db in dbs:
             del db.execute, db.executemany  # the class's own again
+
+
+@contextmanager
+def writer_statements(store: Store) -> Iterator[list[str]]:
+    """The statements (their text) the store's writer connections execute while the block
+    runs: transaction control, savepoints and every statement of the mutation, an
+    ``executemany`` counted once."""
+    seen: list[str] = []
+    with _watched(store, lambda _, sql: seen.append(sql)):
+        yield seen
 
 
 def node_reads(statements: list[str]) -> list[str]:
@@ -53,24 +61,13 @@ def writer_transactions(store: Store) -> Iterator[list[list[str]]]:
     """As ``writer_statements``, the statements split into the transactions they ran in (a
     ``BEGIN`` starts one), each connection's apart, in the order the transactions began."""
     transactions: list[list[str]] = []
+    running: dict[int, list[str]] = {}  # by connection: the transaction it runs
 
-    def split(run: Callable[..., Any]) -> Callable[..., Any]:
-        current: list[list[str]] = [[]]
+    def saw(connection: int, sql: str) -> None:
+        if sql.startswith("BEGIN") or connection not in running:
+            running[connection] = []
+            transactions.append(running[connection])
+        running[connection].append(sql)
 
-        def call(sql: str, *args: Any) -> Any:
-            if sql.startswith("BEGIN"):
-                current[0] = []
-                transactions.append(current[0])
-            current[0].append(sql)
-            return run(sql, *args)
-
-        return call
-
-    dbs = store.writer_dbs
-    for db in dbs:
-        db.execute, db.executemany = split(db.execute), split(db.executemany)  # type: ignore[method-assign]
-    try:
+    with _watched(store, saw):
         yield transactions
-    finally:
-        for db in dbs:
-            del db.execute, db.executemany
