@@ -10,8 +10,9 @@ import msgspec
 import psycopg
 
 from controlplane.api.keys import RUNTIME
-from controlplane.storage.db import WRITER_LOCK, Store
-from tests.conftest import Api
+from controlplane.storage.db import WRITER_LOCK, Store, savepoint
+from controlplane.storage.sql import Database, writes
+from tests.conftest import Api, execute
 from tests.nodes import DGX_POLICY, apply_spec, joined, pool_with_token, recorded, report, twin
 from tests.statements import mutation, node_reads, writer_statements, writer_transactions
 
@@ -20,6 +21,9 @@ from tests.statements import mutation, node_reads, writer_statements, writer_tra
 # its reconcile's savepoint the atoms and rows, the atom's flag, the bookings' flags, and the
 # node's new inventory with the rows' revision in one statement.
 CHANGED_REPORT_STATEMENTS = 11
+# A first report that follows another into a PostgreSQL group commit: the try of its node's
+# lock, its savepoint, the credential's check, its atoms, its node's row, the release.
+GROUP_FOLLOWER_STATEMENTS = 6
 
 
 async def test_f8_a_changed_report_reads_its_node_once(api: Api) -> None:
@@ -169,3 +173,90 @@ async def test_f10_first_reports_committed_together_read_their_pool_once(api: Ap
     for node in nodes:
         view = await api.ok("compute/nodes/get", {"tenantId": "root", "nodeId": node["nodeId"]})
         assert view["state"] == "ready", view
+
+
+def test_r5_a_savepoint_right_inside_an_untouched_one_is_that_one(db: Any) -> None:
+    """R5, F10: a step's savepoint taken right inside a group member's, with only reads
+    between (the member's gate), is the member's: a failure rolls back to it, undoing the
+    same, and no SAVEPOINT or RELEASE of its own runs. Once anything was written there, the
+    step takes a savepoint of its own, and its failure keeps what came before it."""
+    store = Store(db)
+
+    def tenant(d: Database, name: str) -> None:
+        d.execute("INSERT INTO tenants (id, created_at) VALUES (?, 'now')", [name])
+
+    def member(d: Database) -> None:
+        d.execute("SAVEPOINT mutation")
+        d.clean_savepoint = "mutation"  # as the store sets it for each member of a group
+        d.execute("SELECT count(*) FROM tenants")  # a read: still untouched
+        with contextlib.suppress(RuntimeError), savepoint(d):
+            tenant(d, "undone")
+            raise RuntimeError("this step fails")
+        with savepoint(d):  # untouched again: the same savepoint, kept
+            tenant(d, "kept")
+        with contextlib.suppress(RuntimeError), savepoint(d):  # a savepoint of its own
+            tenant(d, "undone too")
+            raise RuntimeError("this step fails")
+        d.execute("RELEASE mutation")
+
+    try:
+        with writer_statements(store) as statements:
+            store._transact(member)
+    finally:
+        store.close()
+    assert execute(db, "SELECT id FROM tenants") == [("kept",)]
+    controls = [sql for sql in statements if sql.split()[0] in ("SAVEPOINT", "ROLLBACK", "RELEASE")]
+    assert controls == [
+        "SAVEPOINT mutation",
+        "ROLLBACK TO mutation",
+        "SAVEPOINT unit",
+        "ROLLBACK TO unit",
+        "RELEASE unit",
+        "RELEASE mutation",
+    ], controls
+
+
+async def test_f10_a_first_report_in_a_group_takes_no_savepoint_of_its_own(api: Api) -> None:
+    """F10: in a group commit, a first report's reconcile runs in its member's savepoint:
+    on PostgreSQL each report after the group's first costs its node's lock, its savepoint,
+    its credential's check, its atoms, its node's write and the savepoint's release."""
+    _, token = await pool_with_token(api, max_uses=8, policy=DGX_POLICY)
+    hosts = [twin("dgx-h100-01", n) for n in range(8)]
+    nodes = [await joined(api, token, host, applied=False) for host in hosts]
+    store = api.client.app[RUNTIME].db
+    waiting = store._own_waiting if store.postgres else store._waiting
+    with writer_transactions(store) as transactions:
+        async with writer_held(store, api.client.app[RUNTIME].config.db_path):
+            reports = [
+                asyncio.ensure_future(apply_spec(api, node, host))
+                for node, host in zip(nodes, hosts, strict=True)
+            ]
+            for _ in range(500):  # bounded: 10 s
+                if len(waiting) >= 4:
+                    break
+                await asyncio.sleep(0.02)
+        await asyncio.gather(*reports)
+    groups = [t for t in transactions if sum(sql.startswith(REPORT_GATE) for sql in t) >= 2]
+    assert groups, transactions
+    for group in groups:
+        assert "SAVEPOINT unit" not in group, group
+        if store.postgres:
+            reports_in = sum(sql.startswith(REPORT_GATE) for sql in group)
+            # the first: BEGIN, its locks, savepoint, gate, pool, atoms, write, release;
+            # the group's end: the writer lock, the events, COMMIT
+            assert len(group) == 8 + GROUP_FOLLOWER_STATEMENTS * (reports_in - 1) + 3, group
+
+
+def test_r5_only_a_plain_read_leaves_a_savepoint_untouched() -> None:
+    """R5: what may change what a rollback to a savepoint undoes: any statement but a plain
+    SELECT, and a SELECT of PostgreSQL's functions (a lock taken, a notice sent)."""
+    assert not writes("SELECT id, version FROM pools WHERE id = ?")
+    for sql in (
+        "UPDATE nodes SET state = ?",
+        "INSERT INTO events (seq) VALUES (?)",
+        "DELETE FROM node_devices WHERE node_id = ?",
+        "SAVEPOINT unit",
+        "SELECT pg_try_advisory_xact_lock(?, hashtext(?))",
+        "WITH top AS (SELECT 1) INSERT INTO events SELECT * FROM top",
+    ):
+        assert writes(sql), sql

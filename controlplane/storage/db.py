@@ -229,23 +229,31 @@ def savepoint(db: Database) -> Iterator[None]:
     """A nested transaction: on an exception, what it wrote is undone and the exception goes
     on, while the enclosing transaction and what it wrote before stay (R5); so do the events
     it appended as the commit will tell long-polls of them (an undone event's seq is the next
-    one's: told of, it would hide that one)."""
+    one's: told of, it would hide that one). Right inside a savepoint that nothing was
+    written since (``db.clean_savepoint``: a group member's, its gate's reads only), it is
+    that savepoint: rolling back to it undoes the same, and costs no statement otherwise."""
     events_before = db.appended, db.audience
     pending = getattr(db, "pending_events", None)
     pending_before = 0 if pending is None else len(pending)
-    db.execute("SAVEPOINT unit")
+    enclosing = db.clean_savepoint
+    if enclosing is None:
+        db.execute("SAVEPOINT unit")
+        db.clean_savepoint = "unit"
     try:
         yield
     except BaseException:
         if not db.in_transaction:  # SQLite ended the whole transaction: nothing to undo here
             raise
-        db.execute("ROLLBACK TO unit")
-        db.execute("RELEASE unit")
+        db.execute(f"ROLLBACK TO {enclosing or 'unit'}")
+        if enclosing is None:
+            db.execute("RELEASE unit")
+        db.clean_savepoint = enclosing  # as at the start
         db.appended, db.audience = events_before
         if pending is not None:
             del pending[pending_before:]
         raise
-    db.execute("RELEASE unit")
+    if enclosing is None:
+        db.execute("RELEASE unit")
 
 
 # A group commit (SQLite): node reports and first joins waiting one behind the other share
@@ -638,6 +646,7 @@ class Store:
         db.own_rows = mutation.own_rows
         before = len(db.pending_events)
         db.execute("SAVEPOINT mutation")
+        db.clean_savepoint = "mutation"
         try:
             if mutation.gate is not None:
                 mutation.gate(db)
@@ -657,6 +666,7 @@ class Store:
         taken back; a failure that ended the whole transaction is raised."""
         db.appended, db.audience = 0, frozenset()
         db.execute("SAVEPOINT mutation")
+        db.clean_savepoint = "mutation"
         try:
             if mutation.gate is not None:
                 mutation.gate(db)

@@ -72,6 +72,12 @@ class Contended(BaseException):
     savepoint takes it for that step's own failure (R5)."""
 
 
+def writes(sql: str) -> bool:
+    """Whether a statement may change what a rollback to a savepoint undoes: anything but a
+    plain read (PostgreSQL's ``pg_`` functions take locks and send notices)."""
+    return not sql.startswith("SELECT ") or "pg_" in sql
+
+
 class Database:
     """One connection: ``execute`` and ``executemany`` with ``?`` (or ``:name``) placeholders."""
 
@@ -92,6 +98,10 @@ class Database:
     # one writer's transaction, on PostgreSQL it holds SERIAL_LOCK shared, which every other
     # mutation (a pool's among them) takes whole.
     pools_read: dict[str, Any] | None = None
+    # The innermost savepoint while only reads ran since it was set, else None: a savepoint
+    # asked for there is that one (db.py ``savepoint``), so a group member's reconcile costs
+    # no SAVEPOINT and RELEASE of its own.
+    clean_savepoint: str | None = None
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
         raise NotImplementedError
@@ -121,12 +131,16 @@ class SqliteDatabase(Database):
         self.conn = conn
 
     def execute(self, sql: str, params: Params = ()) -> Cursor:
+        if self.clean_savepoint is not None and writes(sql):
+            self.clean_savepoint = None
         return self.conn.execute(sql, params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.clean_savepoint = None
         self.conn.executemany(sql, rows)
 
     def script(self, sql: str) -> None:
+        self.clean_savepoint = None
         self.conn.executescript(sql)
 
     @property
@@ -288,6 +302,8 @@ class PostgresDatabase(Database):
         if self.conn is None and sql.startswith(("COMMIT", "ROLLBACK")):
             # The connection broke inside the transaction and was dropped: nothing to end.
             return _NO_ROWS
+        if self.clean_savepoint is not None and writes(sql):
+            self.clean_savepoint = None
         named = isinstance(params, Mapping)
         text = to_pyformat(sql, named)
         cursor: Cursor = self._run(
@@ -296,6 +312,7 @@ class PostgresDatabase(Database):
         return cursor
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
+        self.clean_savepoint = None
         batch = list(rows)
         if not batch:
             return
@@ -307,6 +324,7 @@ class PostgresDatabase(Database):
         self._run(many, False)
 
     def script(self, sql: str) -> None:
+        self.clean_savepoint = None
         self._run(lambda conn: conn.execute(sql), False)
 
     @property
