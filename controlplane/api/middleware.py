@@ -2,6 +2,7 @@
 one log line."""
 
 import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable
 
@@ -16,6 +17,11 @@ from shared.errors import ApiError, BodyTimedOut, InvalidInput, NotFound, Unavai
 from shared.log import lines_written, log_request
 
 log = structlog.get_logger("controlplane.http")
+# The request id on every line logged while the request is handled: structlog's
+# merge_contextvars takes each context variable named with its prefix.
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar(
+    f"{structlog.contextvars.STRUCTLOG_KEY_PREFIX}request_id"
+)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -25,7 +31,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     An API method's request is shed (503 with Retry-After) when the replica already handles
     ``--max-inflight`` of them (F10)."""
     request_id = incoming_request_id(request)
-    structlog.contextvars.bind_contextvars(request_id=request_id)
+    bound = REQUEST_ID.set(request_id)
     started = time.perf_counter()
     hang_up = False
     app = request.app
@@ -95,7 +101,7 @@ async def request_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         if admitted is not None:  # cancelled (the client left) before it was answered
             admitted.leave()
-        structlog.contextvars.unbind_contextvars("request_id")
+        REQUEST_ID.reset(bound)
 
 
 async def answer_and_hang_up(request: web.Request, response: web.StreamResponse) -> None:

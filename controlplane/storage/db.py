@@ -22,6 +22,7 @@ the latter is also a ``NOTIFY`` that every replica listens to.
 import asyncio
 import collections
 import contextlib
+import math
 import os
 import queue
 import sqlite3
@@ -492,11 +493,11 @@ class Store:
     def write_wait(self) -> float:
         """Seconds the oldest mutation still waiting for the writer thread has waited (0 when
         none waits): how far behind this replica's writes are (F10)."""
-        oldest = min(
-            (waiting[0].since for waiting in (self._waiting, self._own_waiting) if waiting),
-            default=None,
-        )
-        return 0.0 if oldest is None else time.monotonic() - oldest
+        waiting, own = self._waiting, self._own_waiting
+        if not waiting and not own:
+            return 0.0
+        oldest = min(waiting[0].since if waiting else math.inf, own[0].since if own else math.inf)
+        return time.monotonic() - oldest
 
     def _take(
         self, follower: bool, waiting: "collections.deque[_Mutation] | None" = None
