@@ -142,12 +142,12 @@ async def writer_held(store: Store, db_path: Any) -> AsyncIterator[None]:
         await holding
 
 
-async def test_f10_first_reports_committed_together_read_their_pool_once(api: Api) -> None:
-    """F10: the first reports of one pool's nodes that wait behind the writer share group
-    commits, and each transaction reads the pool once, not once a report; every node is
-    ready."""
-    _, token = await pool_with_token(api, max_uses=12, policy=DGX_POLICY)
-    hosts = [twin("dgx-h100-01", n) for n in range(12)]
+async def first_reports_in_groups(api: Api, count: int) -> tuple[list[Any], list[list[str]]]:
+    """``count`` nodes joined to one pool, their first reports (units applied) sent while the
+    writer is held until four of them queue, so that they commit in groups: the nodes, and
+    the writer connections' transactions meanwhile (``writer_transactions``)."""
+    _, token = await pool_with_token(api, max_uses=count, policy=DGX_POLICY)
+    hosts = [twin("dgx-h100-01", n) for n in range(count)]
     nodes = [await joined(api, token, host, applied=False) for host in hosts]
     store = api.client.app[RUNTIME].db
     waiting = store._own_waiting if store.postgres else store._waiting  # what queues reports
@@ -163,6 +163,14 @@ async def test_f10_first_reports_committed_together_read_their_pool_once(api: Ap
                     break
                 await asyncio.sleep(0.02)
         await asyncio.gather(*reports)
+    return nodes, transactions
+
+
+async def test_f10_first_reports_committed_together_read_their_pool_once(api: Api) -> None:
+    """F10: the first reports of one pool's nodes that wait behind the writer share group
+    commits, and each transaction reads the pool once, not once a report; every node is
+    ready."""
+    nodes, transactions = await first_reports_in_groups(api, 12)
     reporting = [
         t for t in transactions if any(sql.startswith(REPORT_GATE) for sql in t)
     ]  # the transactions that took a report, each a group of one or more
@@ -220,22 +228,8 @@ async def test_f10_a_first_report_in_a_group_takes_no_savepoint_of_its_own(api: 
     """F10: in a group commit, a first report's reconcile runs in its member's savepoint:
     on PostgreSQL each report after the group's first costs its node's lock, its savepoint,
     its credential's check, its atoms, its node's write and the savepoint's release."""
-    _, token = await pool_with_token(api, max_uses=8, policy=DGX_POLICY)
-    hosts = [twin("dgx-h100-01", n) for n in range(8)]
-    nodes = [await joined(api, token, host, applied=False) for host in hosts]
+    _, transactions = await first_reports_in_groups(api, 8)
     store = api.client.app[RUNTIME].db
-    waiting = store._own_waiting if store.postgres else store._waiting
-    with writer_transactions(store) as transactions:
-        async with writer_held(store, api.client.app[RUNTIME].config.db_path):
-            reports = [
-                asyncio.ensure_future(apply_spec(api, node, host))
-                for node, host in zip(nodes, hosts, strict=True)
-            ]
-            for _ in range(500):  # bounded: 10 s
-                if len(waiting) >= 4:
-                    break
-                await asyncio.sleep(0.02)
-        await asyncio.gather(*reports)
     groups = [t for t in transactions if sum(sql.startswith(REPORT_GATE) for sql in t) >= 2]
     assert groups, transactions
     for group in groups:

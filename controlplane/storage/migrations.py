@@ -296,6 +296,10 @@ MIGRATIONS: tuple[Migration, ...] = (
     # so that mutations side by side (a node's report, a first join) do not all wait on one
     # scope's row; a generation is the sum over its shards, as before. SQLite has one writer.
     lambda dialect: generation_shards(dialect),
+    # B5, F10: PostgreSQL moves a scope's generation once per transaction, on a shard no other
+    # transaction holds: a row written after the first costs a setting's read, and two
+    # sessions whose backend pids share a shard no longer wait on each other's commits.
+    lambda dialect: free_generation_shards(dialect),
 )
 
 
@@ -448,6 +452,35 @@ def generation_shards(dialect: Dialect) -> str:
         "BEGIN UPDATE generations SET n = n + 1, xact = pg_current_xact_id() "
         f"WHERE scope = TG_ARGV[0] AND shard = pg_backend_pid() % {GENERATION_SHARDS} "
         "AND xact IS DISTINCT FROM pg_current_xact_id(); RETURN NULL; END $$;"
+    )
+
+
+def free_generation_shards(dialect: Dialect) -> str:
+    """The migration that moves a PostgreSQL scope's generation once per transaction (a
+    transaction-local setting says it moved: undone with a savepoint rolled back, as the
+    move is), on the writing session's shard unless another transaction holds it, else on
+    any shard that none holds (``SKIP LOCKED``); only with all of them held does it wait."""
+    if dialect.name != "postgresql":
+        return ""
+    return (
+        "CREATE OR REPLACE FUNCTION bc_scope_written() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+        "DECLARE\n"
+        "  moved text := 'bc.generation_moved_' || TG_ARGV[0];\n"
+        f"  own integer := pg_backend_pid() % {GENERATION_SHARDS};\n"
+        "  free integer;\n"
+        "BEGIN\n"
+        "  IF current_setting(moved, true) = 'y' THEN RETURN NULL; END IF;\n"
+        "  SELECT shard INTO free FROM generations WHERE scope = TG_ARGV[0] AND shard = own\n"
+        "    FOR UPDATE SKIP LOCKED;\n"
+        "  IF free IS NULL THEN\n"
+        "    SELECT shard INTO free FROM generations WHERE scope = TG_ARGV[0]\n"
+        "      LIMIT 1 FOR UPDATE SKIP LOCKED;\n"
+        "  END IF;\n"
+        "  UPDATE generations SET n = n + 1 WHERE scope = TG_ARGV[0] AND shard = coalesce(free, own);\n"
+        "  PERFORM set_config(moved, 'y', true);\n"
+        "  RETURN NULL;\n"
+        "END $$;\n"
+        "ALTER TABLE generations DROP COLUMN xact;"
     )
 
 
