@@ -243,7 +243,8 @@ async def test_f10_a_first_report_in_a_group_takes_no_savepoint_of_its_own(api: 
 
 def test_r5_only_a_plain_read_leaves_a_savepoint_untouched() -> None:
     """R5: what may change what a rollback to a savepoint undoes: any statement but a plain
-    SELECT, and a SELECT of PostgreSQL's functions (a lock taken, a notice sent)."""
+    SELECT, a SELECT of PostgreSQL's functions (a lock taken, a notice sent), and one that
+    locks rows."""
     assert not writes("SELECT id, version FROM pools WHERE id = ?")
     for sql in (
         "UPDATE nodes SET state = ?",
@@ -251,6 +252,7 @@ def test_r5_only_a_plain_read_leaves_a_savepoint_untouched() -> None:
         "DELETE FROM node_devices WHERE node_id = ?",
         "SAVEPOINT unit",
         "SELECT pg_try_advisory_xact_lock(?, hashtext(?))",
+        "SELECT id FROM pools WHERE id = ? FOR UPDATE",
         "WITH top AS (SELECT 1) INSERT INTO events SELECT * FROM top",
     ):
         assert writes(sql), sql

@@ -74,8 +74,9 @@ class Contended(BaseException):
 
 def writes(sql: str) -> bool:
     """Whether a statement may change what a rollback to a savepoint undoes: anything but a
-    plain read (PostgreSQL's ``pg_`` functions take locks and send notices)."""
-    return not sql.startswith("SELECT ") or "pg_" in sql
+    plain read (PostgreSQL's ``pg_`` functions take locks and send notices; a row lock taken
+    with ``FOR UPDATE`` or ``FOR SHARE`` would be lost to the rollback)."""
+    return not sql.startswith("SELECT ") or "pg_" in sql or " FOR " in sql
 
 
 class Database:
