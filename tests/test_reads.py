@@ -5,6 +5,7 @@ import asyncio
 import dataclasses
 import multiprocessing
 import threading
+from concurrent.futures import Future
 from typing import Any
 
 import msgspec
@@ -198,3 +199,59 @@ async def test_b6_b5_a_cached_answer_is_never_served_to_a_revoked_credential(api
     revoke = {"tenantId": "acme", "credentialId": made["credentialId"]}
     await api.ok("iam/credentials/revoke", revoke)
     await api.err("compute/pools/list", body, "UNAUTHENTICATED", token=made["token"], status=401)
+
+
+def test_b6_a_control_plane_stopping_while_its_read_workers_start_stops_them_cleanly(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B6: a stop (``close``) that comes while the first slow read's thread starts the worker
+    pool waits for that start, then shuts the pool down: the starting thread never has its
+    tasks refused by a pool already shut down."""
+    submitting, proceed = threading.Event(), threading.Event()
+
+    class Pool:  # a ProcessPoolExecutor that refuses tasks once shut down, as the real one
+        def __init__(self, **_: Any) -> None:
+            self.shut = False
+            self.submitted = 0
+
+        def submit(self, fn: Any) -> Any:
+            if self.shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            self.submitted += 1
+            if self.submitted == 1:
+                submitting.set()
+                proceed.wait(5)
+            done: Future[bool] = Future()
+            done.set_result(True)
+            return done
+
+        def shutdown(self, **_: Any) -> None:
+            self.shut = True
+
+    monkeypatch.setattr(workers, "ProcessPoolExecutor", Pool)
+    entry = workers.WorkerEntry(start=lambda _: None, answer=_unanswered, ready=lambda: True)
+    pool = workers.ReadWorkers(config, 2, entry)
+    failed: list[BaseException] = []
+    starting = threading.Thread(target=lambda: _caught(pool._start, failed))
+    starting.start()
+    assert submitting.wait(5)
+    closing = threading.Thread(target=pool.close)
+    closing.start()
+    closing.join(0.2)  # the stop waits for the start's turn
+    proceed.set()
+    starting.join(5)
+    closing.join(5)
+    assert failed == []
+    assert pool._pool is not None and pool._pool.shut  # type: ignore[attr-defined]
+    assert pool._pool.submitted == 2  # type: ignore[attr-defined]
+
+
+def _unanswered(path: str, token: str | None, raw: bytes) -> Any:
+    raise AssertionError("no read reaches a worker here")
+
+
+def _caught(fn: Any, failed: list[BaseException]) -> None:
+    try:
+        fn()
+    except BaseException as exc:
+        failed.append(exc)

@@ -62,6 +62,9 @@ class ReadWorkers:
         self._pool: ProcessPoolExecutor | None = None
         self._starting = False
         self._closed = False
+        # Starting the pool and closing it take turns: a close never lands between the
+        # start's look at ``_closed`` and its first tasks (the pool would refuse them).
+        self._turn = threading.Lock()
         self.ready = False
         self.answered = 0  # reads the workers answered
 
@@ -80,16 +83,16 @@ class ReadWorkers:
         entry, config = self._entry, self._config
         assert entry is not None and config is not None
         started = time.monotonic()
-        self._pool = ProcessPoolExecutor(
-            max_workers=self._processes,
-            mp_context=multiprocessing.get_context("spawn"),  # never fork a threaded process
-            initializer=entry.start,
-            initargs=(config,),
-        )
-        if self._closed:  # the control plane stopped while this thread was starting it
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            return
-        futures = [self._pool.submit(entry.ready) for _ in range(self._processes)]
+        with self._turn:
+            if self._closed:  # the control plane stopped before this thread got to start it
+                return
+            pool = self._pool = ProcessPoolExecutor(
+                max_workers=self._processes,
+                mp_context=multiprocessing.get_context("spawn"),  # never fork a threaded process
+                initializer=entry.start,
+                initargs=(config,),
+            )
+            futures = [pool.submit(entry.ready) for _ in range(self._processes)]
 
         def up(_: object) -> None:
             if all(f.done() and not f.cancelled() and f.exception() is None for f in futures):
@@ -121,6 +124,8 @@ class ReadWorkers:
         return outcome
 
     def close(self) -> None:
-        self._closed = True
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._turn:
+            self._closed = True
+            pool = self._pool
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
