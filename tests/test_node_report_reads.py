@@ -142,13 +142,20 @@ async def writer_held(store: Store, db_path: Any) -> AsyncIterator[None]:
         await holding
 
 
-async def first_reports_in_groups(api: Api, count: int) -> tuple[list[Any], list[list[str]]]:
+async def first_reports_in_groups(
+    api: Api, count: int, damaged: bool = False
+) -> tuple[list[Any], list[list[str]]]:
     """``count`` nodes joined to one pool, their first reports (units applied) sent while the
     writer is held until four of them queue, so that they commit in groups: the nodes, and
-    the writer connections' transactions meanwhile (``writer_transactions``)."""
+    the writer connections' transactions meanwhile (``writer_transactions``). ``damaged``:
+    every node's stored inventory no longer decodes when the reports come."""
     _, token = await pool_with_token(api, max_uses=count, policy=DGX_POLICY)
     hosts = [twin("dgx-h100-01", n) for n in range(count)]
     nodes = [await joined(api, token, host, applied=False) for host in hosts]
+    if damaged:
+        execute(
+            api.client.app[RUNTIME].config.db_path, "UPDATE nodes SET inventory = '{\"gpus\": ['"
+        )
     store = api.client.app[RUNTIME].db
     waiting = store._own_waiting if store.postgres else store._waiting  # what queues reports
     with writer_transactions(store) as transactions:
@@ -241,6 +248,27 @@ async def test_f10_a_first_report_in_a_group_takes_no_savepoint_of_its_own(api: 
             assert len(group) == 8 + GROUP_FOLLOWER_STATEMENTS * (reports_in - 1) + 3, group
 
 
+async def test_r5_group_members_whose_reconcile_fails_are_quarantined_with_their_reports(
+    api: Api,
+) -> None:
+    """R5: in a group commit, a first report whose reconcile fails (its stored inventory no
+    longer decodes) is rolled back to its member's savepoint, which its reconcile shares;
+    then its report's columns are written and its node is quarantined with the reason, in
+    the group's one transaction with the other members'."""
+    nodes, transactions = await first_reports_in_groups(api, 8, damaged=True)
+    groups = [t for t in transactions if sum(sql.startswith(REPORT_GATE) for sql in t) >= 2]
+    assert groups, transactions
+    for group in groups:
+        reports_in = sum(sql.startswith(REPORT_GATE) for sql in group)
+        assert group.count("ROLLBACK TO mutation") == reports_in, group
+    db_path = api.client.app[RUNTIME].config.db_path
+    rows = execute(db_path, "SELECT state, state_reason, applied FROM nodes")
+    assert len(rows) == len(nodes)
+    for state, reason, applied in rows:
+        assert state == "quarantined" and reason.startswith("cannot be reconciled"), reason
+        assert applied, "the report's columns are written"
+
+
 def test_r5_only_a_plain_read_leaves_a_savepoint_untouched() -> None:
     """R5: what may change what a rollback to a savepoint undoes: any statement but a plain
     SELECT, a SELECT of PostgreSQL's functions (a lock taken, a notice sent), and one that
@@ -253,6 +281,9 @@ def test_r5_only_a_plain_read_leaves_a_savepoint_untouched() -> None:
         "SAVEPOINT unit",
         "SELECT pg_try_advisory_xact_lock(?, hashtext(?))",
         "SELECT id FROM pools WHERE id = ? FOR UPDATE",
+        "SELECT id FROM pools WHERE id = ?\nFOR  NO KEY UPDATE",
+        "SELECT id FROM nodes WHERE id = ? for share",
+        "SELECT set_config('bc.x', 'y', true)",
         "WITH top AS (SELECT 1) INSERT INTO events SELECT * FROM top",
     ):
         assert writes(sql), sql

@@ -459,7 +459,9 @@ def free_generation_shards(dialect: Dialect) -> str:
     """The migration that moves a PostgreSQL scope's generation once per transaction (a
     transaction-local setting says it moved: undone with a savepoint rolled back, as the
     move is), on the writing session's shard unless another transaction holds it, else on
-    any shard that none holds (``SKIP LOCKED``); only with all of them held does it wait."""
+    any shard that none holds (``SKIP LOCKED``); only with all of them held does it wait.
+    The ``xact`` column the old trigger wrote stays, unwritten: dropping it would wait for
+    the busiest table's exclusive lock while the other replicas serve."""
     if dialect.name != "postgresql":
         return ""
     return (
@@ -479,8 +481,7 @@ def free_generation_shards(dialect: Dialect) -> str:
         "  UPDATE generations SET n = n + 1 WHERE scope = TG_ARGV[0] AND shard = coalesce(free, own);\n"
         "  PERFORM set_config(moved, 'y', true);\n"
         "  RETURN NULL;\n"
-        "END $$;\n"
-        "ALTER TABLE generations DROP COLUMN xact;"
+        "END $$;"
     )
 
 

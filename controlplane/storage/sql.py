@@ -72,11 +72,17 @@ class Contended(BaseException):
     savepoint takes it for that step's own failure (R5)."""
 
 
+# What makes a SELECT more than a read: PostgreSQL's functions that take locks or send
+# notices, a setting's change, and row locks (lost to a rollback to an earlier savepoint).
+_NOT_A_READ = re.compile(
+    r"\bpg_|\bset_config\b|\bFOR\s+(?:UPDATE|SHARE|NO\s+KEY|KEY)\b", re.IGNORECASE
+)
+
+
 def writes(sql: str) -> bool:
     """Whether a statement may change what a rollback to a savepoint undoes: anything but a
-    plain read (PostgreSQL's ``pg_`` functions take locks and send notices; a row lock taken
-    with ``FOR UPDATE`` or ``FOR SHARE`` would be lost to the rollback)."""
-    return not sql.startswith("SELECT ") or "pg_" in sql or " FOR " in sql
+    plain read."""
+    return not sql.startswith("SELECT ") or _NOT_A_READ.search(sql) is not None
 
 
 class Database:
